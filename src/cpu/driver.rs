@@ -1,0 +1,141 @@
+//! The blocked loop of one work item (FlashAttention's tiling on the CPU): pack a block of query
+//! rows once, stream key/value blocks through the kernel's two products and the online softmax,
+//! normalise, write the rows out.
+
+use super::softmax::{self, RowState, ScoreMap};
+use super::tile::{round_up, TileKernel, KEY_BLOCK, QUERY_BLOCK};
+use super::workspace::Carver;
+use crate::element::Element;
+use crate::layout::{LseMut, Rows, RowsMut};
+use crate::problem::{Problem, Sequence};
+use core::ops::Range;
+use pulp::Simd;
+
+/// The tensors of one call, shared by its work items.
+#[derive(Clone, Copy)]
+pub(crate) struct Io<'a, T> {
+    pub q: Rows<'a, T>,
+    pub k: Rows<'a, T>,
+    pub v: Rows<'a, T>,
+    pub out: RowsMut<'a, T>,
+    pub lse: Option<LseMut<'a>>,
+}
+
+/// One work item: a block of query rows of one sequence and one head.
+#[derive(Clone, Debug)]
+pub(crate) struct WorkItem {
+    pub sequence: Sequence,
+    pub head: usize,
+    /// Rows within the sequence.
+    pub rows: Range<usize>,
+}
+
+/// Workspace bytes one work item needs (in 64-byte lines), for [`attend`].
+pub(crate) fn workspace_lines<T: Element, K: TileKernel<T>>(d: usize, dv: usize) -> usize {
+    let packed = core::mem::size_of::<K::Packed>();
+    let f32s = core::mem::size_of::<f32>();
+    let lines = |bytes: usize| bytes.div_ceil(64);
+    lines(QUERY_BLOCK * K::q_stride(d) * packed)
+        + lines(K::k_len(d) * packed)
+        + lines(K::v_len(dv) * packed)
+        + lines(K::p_len() * packed)
+        + lines(QUERY_BLOCK * KEY_BLOCK * f32s)
+        + lines(QUERY_BLOCK * K::o_stride(dv) * f32s)
+        + 3 * lines(QUERY_BLOCK * f32s)
+}
+
+/// Computes the output rows (and LSE) of `item` and writes them.
+///
+/// # Safety
+/// No other thread may access the output rows (or LSE entries) of `item` during the call.
+#[inline(always)]
+pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
+    simd: S,
+    kernel: K,
+    problem: &Problem,
+    io: &Io<T>,
+    item: &WorkItem,
+    workspace: &mut Carver,
+) {
+    let (d, dv) = (problem.head_dim, problem.head_dim_v);
+    let seq = item.sequence;
+    let (lq, lk) = (seq.q_len, seq.k_len);
+    let kv_head = item.head / problem.group_size();
+    let rows = item.rows.len();
+    debug_assert!(rows <= QUERY_BLOCK);
+
+    let q = workspace.take::<K::Packed>(QUERY_BLOCK * K::q_stride(d));
+    let k = workspace.take::<K::Packed>(K::k_len(d));
+    let v = workspace.take::<K::Packed>(K::v_len(dv));
+    let p_scratch = workspace.take::<K::Packed>(K::p_len());
+    let scores = workspace.take::<f32>(QUERY_BLOCK * KEY_BLOCK);
+    let o_stride = K::o_stride(dv);
+    let o = &mut workspace.take::<f32>(QUERY_BLOCK * o_stride)[..rows * o_stride];
+    let max = &mut workspace.take::<f32>(QUERY_BLOCK)[..rows];
+    let sum = &mut workspace.take::<f32>(QUERY_BLOCK)[..rows];
+    let alpha = &mut workspace.take::<f32>(QUERY_BLOCK)[..rows];
+    max.fill(f32::NEG_INFINITY);
+    sum.fill(0.0);
+    o.fill(0.0);
+
+    let q_tokens = seq.q_start + item.rows.start..seq.q_start + item.rows.end;
+    kernel.pack_q(&io.q, q_tokens.clone(), item.head, q);
+    let map = ScoreMap { scale: problem.scale, softcap: problem.softcap };
+    let mask = problem.mask;
+    let keys = mask.visible_keys_of_block(item.rows.clone(), lq, lk);
+
+    for start in keys.clone().step_by(KEY_BLOCK) {
+        let block = start..(start + KEY_BLOCK).min(keys.end);
+        let width = round_up(block.len(), K::STRIP);
+        let k_tokens = seq.k_start + block.start..seq.k_start + block.end;
+        kernel.pack_k(&io.k, k_tokens.clone(), kv_head, k);
+        let v_finite = kernel.pack_v(&io.v, k_tokens.clone(), kv_head, v);
+        kernel.scores(q, k, rows, d, width, scores);
+
+        let unmasked = block.len() == width && mask.block_is_unmasked(item.rows.clone(), block.clone(), lq, lk);
+        let visible = |r: usize| {
+            if unmasked {
+                return None;
+            }
+            let seen = mask.visible_keys(item.rows.start + r, lq, lk);
+            let clip = |j: usize| j.clamp(block.start, block.end) - block.start;
+            Some(clip(seen.start)..clip(seen.end))
+        };
+        let mut state = RowState { max, sum, alpha };
+        softmax::update(simd, scores, rows, width, map, visible, &mut state);
+
+        if v_finite {
+            kernel.accumulate(scores, p_scratch, v, alpha, rows, width, dv, o);
+        } else {
+            // 0 · inf is NaN: a non-finite value must reach only the rows that see its key, so
+            // this block skips the keys each row does not see. Rare, so plain scalar code.
+            for r in 0..rows {
+                let o_row = &mut o[r * o_stride..r * o_stride + dv];
+                o_row.iter_mut().for_each(|x| *x *= alpha[r]);
+                let seen = visible(r).unwrap_or(0..block.len());
+                for j in seen {
+                    let p = scores[r * KEY_BLOCK + j];
+                    let value = io.v.row(k_tokens.start + j, kv_head);
+                    for (x, &vv) in o_row.iter_mut().zip(value.iter()) {
+                        *x += p * vv.to_f32();
+                    }
+                }
+            }
+        }
+    }
+
+    for r in 0..rows {
+        let token = q_tokens.start + r;
+        let (m, l) = (max[r], sum[r]);
+        let o_row = &o[r * o_stride..r * o_stride + dv];
+        // A row that saw no key (or only scores of -inf) has l == 0: output 0, LSE -inf.
+        let seen = l != 0.0;
+        // SAFETY: the caller guarantees this item's rows are ours alone.
+        unsafe { io.out.write_row(token, item.head, |j| T::from_f32(if seen { o_row[j] / l } else { 0.0 })) };
+        if let Some(lse) = &io.lse {
+            let value = if seen { m * core::f32::consts::LN_2 + l.ln() } else { f32::NEG_INFINITY };
+            // SAFETY: as above.
+            unsafe { lse.write(item.head, token, value) };
+        }
+    }
+}

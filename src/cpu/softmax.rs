@@ -1,0 +1,121 @@
+//! The online softmax over one block of scores (FlashAttention's running max and sum), in f32,
+//! written once against `pulp::Simd`.
+//!
+//! Scores are tracked in base-2 units: `x = s · scale · log2(e)`, so `p = exp2(x - m)` with the
+//! scale folded into one fused multiply-add.
+
+use super::math::{exp2, tanh};
+use super::tile::KEY_BLOCK;
+use core::ops::Range;
+use pulp::Simd;
+
+/// How raw dot products become base-2 logits.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScoreMap {
+    /// Multiplies the raw dot product before the soft-cap.
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+impl ScoreMap {
+    /// The factor from (possibly soft-capped) scores to base-2 logits.
+    fn log2_factor(&self) -> f32 {
+        match self.softcap {
+            Some(_) => core::f32::consts::LOG2_E,
+            None => self.scale * core::f32::consts::LOG2_E,
+        }
+    }
+}
+
+/// Running state of the rows of one query block.
+pub(crate) struct RowState<'a> {
+    /// Running max, base-2 units (`-inf` before the first visible key).
+    pub max: &'a mut [f32],
+    /// Running denominator, relative to `2^max`.
+    pub sum: &'a mut [f32],
+    /// Per row, the factor the accumulator must be rescaled by for this block.
+    pub alpha: &'a mut [f32],
+}
+
+/// Turns the raw scores of `rows` rows and `keys` columns (row stride [`KEY_BLOCK`]) into
+/// probabilities in place, updating the running max and sum and setting `alpha`.
+///
+/// `visible(r)` gives the columns row `r` may see, or `None` when all `keys` are visible;
+/// other columns get probability 0.
+#[inline(always)]
+pub(crate) fn update<S: Simd>(
+    simd: S,
+    scores: &mut [f32],
+    rows: usize,
+    keys: usize,
+    map: ScoreMap,
+    visible: impl Fn(usize) -> Option<Range<usize>>,
+    state: &mut RowState<'_>,
+) {
+    let factor = map.log2_factor();
+    for r in 0..rows {
+        let row = &mut scores[r * KEY_BLOCK..r * KEY_BLOCK + keys];
+        if let Some(cap) = map.softcap {
+            soft_cap(simd, row, map.scale / cap, cap);
+        }
+        if let Some(seen) = visible(r) {
+            row[..seen.start].fill(f32::NEG_INFINITY);
+            row[seen.end..].fill(f32::NEG_INFINITY);
+        }
+        let block_max = row_max(simd, row) * factor;
+        let old_max = state.max[r];
+        let new_max = old_max.max(block_max);
+        // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps every
+        // probability at exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
+        let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
+        let alpha = (old_max - shift).exp2();
+        let block_sum = exponentiate(simd, row, factor, shift);
+        state.sum[r] = state.sum[r] * alpha + block_sum;
+        state.max[r] = new_max;
+        state.alpha[r] = alpha;
+    }
+}
+
+/// `row[j] = cap · tanh(row[j] · scale_over_cap)`.
+#[inline(always)]
+fn soft_cap<S: Simd>(simd: S, row: &mut [f32], scale_over_cap: f32, cap: f32) {
+    let (k, c) = (simd.splat_f32s(scale_over_cap), simd.splat_f32s(cap));
+    let (head, tail) = S::as_mut_simd_f32s(row);
+    for x in head {
+        *x = simd.mul_f32s(c, tanh(simd, simd.mul_f32s(*x, k)));
+    }
+    for x in tail {
+        *x = cap * tanh(pulp::Scalar::new(), *x * scale_over_cap);
+    }
+}
+
+/// The largest entry of `row` (`-inf` for an empty row).
+#[inline(always)]
+fn row_max<S: Simd>(simd: S, row: &[f32]) -> f32 {
+    let (head, tail) = S::as_simd_f32s(row);
+    let mut acc = simd.splat_f32s(f32::NEG_INFINITY);
+    for &x in head {
+        acc = simd.max_f32s(acc, x);
+    }
+    tail.iter().fold(simd.reduce_max_f32s(acc), |m, &x| m.max(x))
+}
+
+/// `row[j] = exp2(row[j] · factor - shift)`; returns the sum.
+#[inline(always)]
+fn exponentiate<S: Simd>(simd: S, row: &mut [f32], factor: f32, shift: f32) -> f32 {
+    let (f, neg_shift) = (simd.splat_f32s(factor), simd.splat_f32s(-shift));
+    let (head, tail) = S::as_mut_simd_f32s(row);
+    let mut sum = simd.splat_f32s(0.0);
+    for x in head {
+        let p = exp2(simd, simd.mul_add_f32s(*x, f, neg_shift));
+        *x = p;
+        sum = simd.add_f32s(sum, p);
+    }
+    let mut total = simd.reduce_sum_f32s(sum);
+    for x in tail {
+        let p = exp2(pulp::Scalar::new(), x.mul_add(factor, -shift));
+        *x = p;
+        total += p;
+    }
+    total
+}

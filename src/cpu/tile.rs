@@ -1,0 +1,75 @@
+//! The contract between the blocked loop (`driver.rs`) and an instruction set's kernel: packing
+//! and the two small matrix products. Everything else (masking, the online softmax, the final
+//! normalisation) is shared.
+//!
+//! Shapes, for a block of `rows` query rows and up to [`KEY_BLOCK`] keys:
+//! - `scores`: `S[r][j] = Σ_d Q[r][d] K[j][d]` (unscaled), written row-major with row stride
+//!   [`KEY_BLOCK`], for `keys` columns (a multiple of [`TileKernel::STRIP`]).
+//! - `accumulate`: `O[r][:] = alpha[r] · O[r][:] + Σ_j P[r][j] V[j][:]` where `P` is the
+//!   probability tile left by the softmax in the score buffer.
+//!
+//! Packed buffers come from the caller's workspace, sized by the `*_len` functions; packers
+//! fill every element they own (padding with zeros), so stale workspace contents never leak.
+
+use crate::element::Element;
+use crate::layout::Rows;
+use core::ops::Range;
+
+/// Keys per block of the streaming loop.
+pub(crate) const KEY_BLOCK: usize = 64;
+
+/// Query rows per work item.
+pub(crate) const QUERY_BLOCK: usize = 64;
+
+/// One instruction set's packing and matrix products.
+pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
+    /// Element of the packed operands.
+    type Packed: bytemuck::Pod;
+
+    /// Scores are computed for whole strips of this many keys (padding keys score 0 and are
+    /// masked by the caller).
+    const STRIP: usize;
+
+    /// Packed elements per row of Q (head_dim `d`).
+    fn q_stride(d: usize) -> usize;
+    /// Packed elements of one K block.
+    fn k_len(d: usize) -> usize;
+    /// Packed elements of one V block.
+    fn v_len(dv: usize) -> usize;
+    /// `f32`s per row of the output accumulator (head_dim_v `dv`, padded).
+    fn o_stride(dv: usize) -> usize;
+    /// Packed elements of the probability tile of [`QUERY_BLOCK`] rows.
+    fn p_len() -> usize;
+
+    /// Packs Q rows `tokens` of head `head` (row `r` of the block at `r * q_stride`).
+    fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]);
+    /// Packs the keys `tokens` (at most [`KEY_BLOCK`]) of kv head `head`, zero-padded to a
+    /// whole strip.
+    fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]);
+    /// Packs the values `tokens` of kv head `head`, zero-padded to a whole strip. Returns
+    /// whether every value is finite.
+    fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]) -> bool;
+    /// Writes raw scores for `rows` rows and `keys` key columns into `s` (row stride
+    /// [`KEY_BLOCK`]).
+    fn scores(&self, q: &[Self::Packed], k: &[Self::Packed], rows: usize, d: usize, keys: usize, s: &mut [f32]);
+    /// Rescales and accumulates `P·V` into `o` (row stride `o_stride(dv)`); `p` holds the
+    /// probabilities (row stride [`KEY_BLOCK`]), `p_scratch` is room for a packed copy.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate(
+        &self,
+        p: &[f32],
+        p_scratch: &mut [Self::Packed],
+        v: &[Self::Packed],
+        alpha: &[f32],
+        rows: usize,
+        keys: usize,
+        dv: usize,
+        o: &mut [f32],
+    );
+}
+
+/// `x` rounded up to a multiple of `m`.
+#[inline]
+pub(crate) fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m) * m
+}

@@ -1,0 +1,131 @@
+//! Raw, `Copy` handles on `[tokens, heads, dims]` tensors, so that work items on many threads can
+//! read rows of the inputs and write disjoint rows of the outputs.
+
+use core::marker::PhantomData;
+use ndarray::{ArrayView1, ArrayView3, ArrayViewMut2, ArrayViewMut3, ShapeBuilder};
+
+/// `[a, b, c]` of a rank-3 view.
+pub(crate) fn shape3<T>(view: &ArrayView3<T>) -> [usize; 3] {
+    let (a, b, c) = view.dim();
+    [a, b, c]
+}
+
+/// Read access to the rows (one token, one head) of a `[tokens, heads, dims]` view.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a, T> {
+    ptr: *const T,
+    shape: [usize; 3],
+    strides: [isize; 3],
+    _borrow: PhantomData<&'a T>,
+}
+
+// SAFETY: `Rows` is a shared borrow of `T`s (like `&'a [T]`), so it may cross threads when `T`
+// may be shared.
+unsafe impl<T: Sync> Send for Rows<'_, T> {}
+// SAFETY: as above: only shared reads go through it.
+unsafe impl<T: Sync> Sync for Rows<'_, T> {}
+
+impl<'a, T> Rows<'a, T> {
+    pub fn new(view: &ArrayView3<'a, T>) -> Self {
+        let s = view.strides();
+        Rows {
+            ptr: view.as_ptr(),
+            shape: [view.dim().0, view.dim().1, view.dim().2],
+            strides: [s[0], s[1], s[2]],
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The `dims` values of `(token, head)`; contiguous when the view's last axis is.
+    #[inline]
+    pub fn row(&self, token: usize, head: usize) -> ArrayView1<'a, T> {
+        assert!(token < self.shape[0] && head < self.shape[1], "row ({token}, {head}) outside {:?}", self.shape);
+        let offset = token as isize * self.strides[0] + head as isize * self.strides[1];
+        let (len, stride) = (self.shape[2], self.strides[2]);
+        // ndarray wants non-negative strides here: start from the row's lowest address and
+        // flip the axis back afterwards.
+        let lowest = if stride < 0 && len > 0 { offset + (len as isize - 1) * stride } else { offset };
+        // SAFETY: the indices are inside the view's shape (checked above), so the row's `len`
+        // elements, `|stride|` apart from its lowest address, all belong to the view that `'a`
+        // borrows immutably.
+        let mut row =
+            unsafe { ArrayView1::from_shape_ptr((len,).strides((stride.unsigned_abs(),)), self.ptr.offset(lowest)) };
+        if stride < 0 {
+            row.invert_axis(ndarray::Axis(0));
+        }
+        row
+    }
+}
+
+/// Write access to the rows of an output view, shared by the work items of one call.
+#[derive(Clone, Copy)]
+pub(crate) struct RowsMut<'a, T> {
+    ptr: *mut T,
+    shape: [usize; 3],
+    strides: [isize; 3],
+    _borrow: PhantomData<&'a mut T>,
+}
+
+// SAFETY: the handle stands for a unique borrow of the output; threads write disjoint rows (see
+// `write_row`), so sending it is like sending disjoint `&mut` slices.
+unsafe impl<T: Send> Send for RowsMut<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for RowsMut<'_, T> {}
+
+impl<'a, T: Copy> RowsMut<'a, T> {
+    pub fn new(view: &'a mut ArrayViewMut3<'_, T>) -> Self {
+        let s = view.strides();
+        let strides = [s[0], s[1], s[2]];
+        let (a, b, c) = view.dim();
+        RowsMut { ptr: view.as_mut_ptr(), shape: [a, b, c], strides, _borrow: PhantomData }
+    }
+
+    /// Writes `f(d)` for every `d < dims` into row `(token, head)`.
+    ///
+    /// # Safety
+    /// No other thread may access row `(token, head)` during the call.
+    #[inline]
+    pub unsafe fn write_row(&self, token: usize, head: usize, f: impl Fn(usize) -> T) {
+        assert!(token < self.shape[0] && head < self.shape[1], "row ({token}, {head}) outside {:?}", self.shape);
+        let base = token as isize * self.strides[0] + head as isize * self.strides[1];
+        for d in 0..self.shape[2] {
+            // SAFETY: the indices are inside the shape (checked above); a mutable ndarray view
+            // never maps two indices to one element, and the caller guarantees no other thread
+            // touches this row.
+            unsafe { *self.ptr.offset(base + d as isize * self.strides[2]) = f(d) };
+        }
+    }
+}
+
+/// Write access to an LSE view `[heads, total_q]`.
+#[derive(Clone, Copy)]
+pub(crate) struct LseMut<'a> {
+    ptr: *mut f32,
+    shape: [usize; 2],
+    strides: [isize; 2],
+    _borrow: PhantomData<&'a mut f32>,
+}
+
+// SAFETY: as for `RowsMut`: threads write disjoint elements.
+unsafe impl Send for LseMut<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for LseMut<'_> {}
+
+impl<'a> LseMut<'a> {
+    pub fn new(view: &'a mut ArrayViewMut2<'_, f32>) -> Self {
+        let strides = [view.strides()[0], view.strides()[1]];
+        let (a, b) = view.dim();
+        LseMut { ptr: view.as_mut_ptr(), shape: [a, b], strides, _borrow: PhantomData }
+    }
+
+    /// Stores the LSE of `(head, token)`.
+    ///
+    /// # Safety
+    /// No other thread may access that element during the call.
+    #[inline]
+    pub unsafe fn write(&self, head: usize, token: usize, value: f32) {
+        assert!(head < self.shape[0] && token < self.shape[1], "lse ({head}, {token}) outside {:?}", self.shape);
+        // SAFETY: inside the shape (checked above); unique per the caller's guarantee.
+        unsafe { *self.ptr.offset(head as isize * self.strides[0] + token as isize * self.strides[1]) = value };
+    }
+}

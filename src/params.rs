@@ -1,0 +1,84 @@
+//! The knobs of one attention call.
+
+/// Where a call runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Backend {
+    /// The GPU when the crate has the `gpu` feature and a device answers; the CPU otherwise
+    /// (the fallback is reported through `log`).
+    #[default]
+    Auto,
+    /// The CPU kernel.
+    Cpu,
+    /// The GPU kernel; an error when there is none.
+    Gpu,
+}
+
+/// Which CPU instruction set the CPU kernel uses.
+///
+/// `Auto` picks the best the CPU has; the others force one path (for tests and comparisons) and
+/// fail with [`Error::IsaUnavailable`](crate::Error::IsaUnavailable) where the CPU lacks it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CpuIsa {
+    /// The fastest available: AVX-512 BF16 dot products for bf16 input, else AVX-512, AVX2+FMA,
+    /// NEON or scalar f32 code.
+    #[default]
+    Auto,
+    /// Portable scalar code.
+    Scalar,
+    /// x86-64 AVX2 with FMA, f32 arithmetic.
+    Avx2,
+    /// x86-64 AVX-512 (F, BW, DQ, VL, CD), f32 arithmetic.
+    Avx512,
+    /// x86-64 AVX-512 with the bf16 dot product (`vdpbf16ps`); bf16 input only.
+    Avx512Bf16,
+}
+
+impl CpuIsa {
+    /// A short name for messages and tables.
+    ///
+    /// ```
+    /// assert_eq!(varlen_attn::CpuIsa::Avx512Bf16.name(), "avx512-bf16");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuIsa::Auto => "auto",
+            CpuIsa::Scalar => "scalar",
+            CpuIsa::Avx2 => "avx2",
+            CpuIsa::Avx512 => "avx512",
+            CpuIsa::Avx512Bf16 => "avx512-bf16",
+        }
+    }
+}
+
+/// Parameters of an attention call. Every field is public; start from the default.
+///
+/// ```
+/// use varlen_attn::Params;
+/// let p = Params { causal: true, softcap: Some(30.0), ..Params::default() };
+/// assert_eq!(p.softmax_scale, None); // 1/sqrt(head_dim)
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Params {
+    /// Multiplies `q·k` before the softmax; `None` means `1/sqrt(head_dim)`. Must be finite and
+    /// positive.
+    pub softmax_scale: Option<f32>,
+    /// Causal mask, aligned to the bottom-right corner when a sequence has more keys than
+    /// queries (FlashAttention's convention): query row `i` of a sequence with `Lq` queries and
+    /// `Lk` keys sees key `j` iff `j <= i + Lk - Lq`. Same as `window_right = Some(0)`.
+    pub causal: bool,
+    /// Sliding window to the left: row `i` sees key `j` only if `j >= i + Lk - Lq - left`.
+    /// `None` is unbounded.
+    pub window_left: Option<usize>,
+    /// Sliding window to the right: row `i` sees key `j` only if `j <= i + Lk - Lq + right`.
+    /// `None` is unbounded. Must be `None` or `Some(0)` when `causal` is set.
+    pub window_right: Option<usize>,
+    /// Soft capping: scaled scores `s` become `softcap * tanh(s / softcap)` before the softmax
+    /// (Gemma 2's logit soft-capping). Must be finite and positive.
+    pub softcap: Option<f32>,
+    /// Where the call runs.
+    pub backend: Backend,
+    /// Which CPU code path runs (when the call runs on the CPU).
+    pub cpu_isa: CpuIsa,
+}

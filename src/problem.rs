@@ -1,0 +1,179 @@
+//! Validation at the boundary: every shape, `cu_seqlens` and parameter check lives here, once.
+//! Backends receive a [`Problem`] and never re-check.
+
+use crate::error::{CuSeqlensRule, Error};
+use crate::mask::Mask;
+use crate::params::Params;
+
+/// The largest head dimension (of q/k and of v) the kernels support.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// One packed sequence: its rows in q and in k/v.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sequence {
+    pub q_start: usize,
+    pub q_len: usize,
+    pub k_start: usize,
+    pub k_len: usize,
+}
+
+/// A validated attention problem: the shapes, the sequences and the resolved parameters,
+/// without the data.
+#[derive(Clone, Debug)]
+pub(crate) struct Problem<'a> {
+    pub total_q: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    cu_seqlens_q: &'a [i32],
+    cu_seqlens_k: &'a [i32],
+    /// The resolved softmax scale (`1/sqrt(head_dim)` when not given).
+    pub scale: f32,
+    pub softcap: Option<f32>,
+    pub mask: Mask,
+}
+
+impl<'a> Problem<'a> {
+    /// Checks the shapes `q [total_q, H, D]`, `k [total_k, H_kv, D]`, `v [total_k, H_kv, D_v]`,
+    /// both `cu_seqlens` and the parameters.
+    pub fn new(
+        q: [usize; 3],
+        k: [usize; 3],
+        v: [usize; 3],
+        cu_seqlens_q: &'a [i32],
+        cu_seqlens_k: &'a [i32],
+        params: &Params,
+    ) -> Result<Self, Error> {
+        let [total_q, num_heads, head_dim] = q;
+        let [total_k, num_kv_heads, _] = k;
+        let head_dim_v = v[2];
+        if k[2] != head_dim {
+            return Err(Error::Shape { arg: "k", axis: 2, expected: head_dim, got: k[2] });
+        }
+        for axis in 0..2 {
+            if v[axis] != k[axis] {
+                return Err(Error::Shape { arg: "v", axis, expected: k[axis], got: v[axis] });
+            }
+        }
+        if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(Error::Heads { num_heads, num_kv_heads });
+        }
+        for (arg, got) in [("q", head_dim), ("v", head_dim_v)] {
+            if got == 0 || got > MAX_HEAD_DIM {
+                return Err(Error::HeadDim { arg, got, max: MAX_HEAD_DIM });
+            }
+        }
+        check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q)?;
+        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k)?;
+        if cu_seqlens_q.len() != cu_seqlens_k.len() {
+            return Err(Error::CuSeqlensLength { q_len: cu_seqlens_q.len(), k_len: cu_seqlens_k.len() });
+        }
+
+        let scale = match params.softmax_scale {
+            Some(s) => positive_finite("softmax_scale", s)?,
+            None => 1.0 / (head_dim as f32).sqrt(),
+        };
+        let softcap = params.softcap.map(|c| positive_finite("softcap", c)).transpose()?;
+        let right = if params.causal {
+            match params.window_right {
+                None | Some(0) => Some(0),
+                Some(r) => {
+                    return Err(Error::Param {
+                        name: "window_right",
+                        value: r.to_string(),
+                        reason: "causal attention already fixes the right window at 0",
+                    })
+                }
+            }
+        } else {
+            params.window_right
+        };
+        Ok(Problem {
+            total_q,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            head_dim_v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            scale,
+            softcap,
+            mask: Mask { left: params.window_left, right },
+        })
+    }
+
+    /// The shape of the output, `[total_q, num_heads, head_dim_v]`.
+    pub fn out_shape(&self) -> [usize; 3] {
+        [self.total_q, self.num_heads, self.head_dim_v]
+    }
+
+    /// Checks a caller-provided output (`"out"`) or LSE (`"lse"`) shape.
+    pub fn check_output(&self, arg: &'static str, got: &[usize]) -> Result<(), Error> {
+        let expected: &[usize] = match arg {
+            "lse" => &[self.num_heads, self.total_q],
+            _ => &self.out_shape(),
+        };
+        for (axis, (&e, &g)) in expected.iter().zip(got).enumerate() {
+            if e != g {
+                return Err(Error::Shape { arg, axis, expected: e, got: g });
+            }
+        }
+        Ok(())
+    }
+
+    /// Number of sequences.
+    pub fn batch(&self) -> usize {
+        self.cu_seqlens_q.len() - 1
+    }
+
+    /// Sequence `b`'s rows.
+    #[inline]
+    pub fn sequence(&self, b: usize) -> Sequence {
+        // Validated: entries are non-negative and non-decreasing.
+        let q_start = self.cu_seqlens_q[b] as usize;
+        let k_start = self.cu_seqlens_k[b] as usize;
+        Sequence {
+            q_start,
+            q_len: self.cu_seqlens_q[b + 1] as usize - q_start,
+            k_start,
+            k_len: self.cu_seqlens_k[b + 1] as usize - k_start,
+        }
+    }
+
+    /// Query heads per key/value head.
+    pub fn group_size(&self) -> usize {
+        self.num_heads / self.num_kv_heads
+    }
+}
+
+fn positive_finite(name: &'static str, value: f32) -> Result<f32, Error> {
+    if value.is_finite() && value > 0.0 {
+        Ok(value)
+    } else {
+        Err(Error::Param { name, value: value.to_string(), reason: "must be finite and positive" })
+    }
+}
+
+fn check_cu_seqlens(arg: &'static str, cu: &[i32], total: usize) -> Result<(), Error> {
+    let fail = |index: usize, reason| Err(Error::CuSeqlens { arg, index, value: cu[index] as i64, reason });
+    if cu.len() < 2 {
+        return Err(Error::CuSeqlensTooShort { arg, len: cu.len() });
+    }
+    if cu[0] != 0 {
+        return fail(0, CuSeqlensRule::FirstNotZero);
+    }
+    for index in 1..cu.len() {
+        if cu[index] < 0 {
+            return fail(index, CuSeqlensRule::Negative);
+        }
+        if cu[index] < cu[index - 1] {
+            return fail(index, CuSeqlensRule::Decreasing);
+        }
+    }
+    let last = cu.len() - 1;
+    if cu[last] as usize != total {
+        return fail(last, CuSeqlensRule::LastNotTotal { total });
+    }
+    Ok(())
+}
