@@ -55,6 +55,7 @@ mod mask;
 pub mod oracle;
 mod params;
 mod problem;
+pub mod workloads;
 
 pub use element::{DType, Element};
 pub use error::{CuSeqlensRule, Error};
@@ -62,7 +63,7 @@ pub use params::{Backend, CpuIsa, Params};
 pub use problem::MAX_HEAD_DIM;
 
 use layout::{shape3, LseMut, Rows, RowsMut};
-use ndarray::{Array2, Array3, ArrayView3, ArrayViewMut2, ArrayViewMut3};
+use ndarray::{Array2, Array3, ArrayView3, ArrayViewD, ArrayViewMut2, ArrayViewMut3};
 use problem::Problem;
 
 /// Attention forward: returns `out [total_q, num_heads, head_dim_v]`.
@@ -235,6 +236,32 @@ fn execute<T: Element>(
         lse: lse.as_mut().map(LseMut::new),
     };
     cpu::forward(problem, io, params.cpu_isa)
+}
+
+/// Turns a dynamic-rank view (as read from a file) into the rank-3 view the entry points take,
+/// or [`Error::Rank`] naming `arg`.
+///
+/// ```
+/// use ndarray::{ArrayD, IxDyn};
+/// use varlen_attn::{view3, Error};
+/// let good = ArrayD::<f32>::zeros(IxDyn(&[4, 2, 8]));
+/// assert_eq!(view3("q", good.view())?.dim(), (4, 2, 8));
+/// let bad = ArrayD::<f32>::zeros(IxDyn(&[4, 16]));
+/// assert!(matches!(view3("q", bad.view()), Err(Error::Rank { arg: "q", expected: 3, got: 2, .. })));
+/// # Ok::<(), Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::Rank`] when `view` does not have exactly 3 axes.
+pub fn view3<'a, T>(arg: &'static str, view: ArrayViewD<'a, T>) -> Result<ArrayView3<'a, T>, Error> {
+    let got = view.ndim();
+    let layout = match arg {
+        "q" => "[total_q, num_heads, head_dim]",
+        "k" => "[total_k, num_kv_heads, head_dim]",
+        "v" => "[total_k, num_kv_heads, head_dim_v]",
+        _ => "[tokens, heads, head_dim]",
+    };
+    view.into_dimensionality().map_err(|_| Error::Rank { arg, expected: 3, got, layout })
 }
 
 /// The CPU instruction set a call with element type `T` and `params.cpu_isa` runs on, e.g. to
