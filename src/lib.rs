@@ -57,6 +57,7 @@ mod params;
 mod problem;
 pub mod workloads;
 
+pub use cpu::peak::{measure_peak, PeakUnit};
 pub use element::{DType, Element};
 pub use error::{CuSeqlensRule, Error};
 pub use params::{Backend, CpuIsa, Params};

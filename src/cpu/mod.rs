@@ -11,6 +11,7 @@ mod bf16dot;
 mod driver;
 mod fma;
 mod math;
+pub(crate) mod peak;
 mod softmax;
 mod tile;
 mod workspace;
