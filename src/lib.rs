@@ -275,3 +275,8 @@ pub fn view3<'a, T>(arg: &'static str, view: ArrayViewD<'a, T>) -> Result<ArrayV
 pub fn cpu_isa_for<T: Element>(params: &Params) -> CpuIsa {
     cpu::resolved_isa::<T>(params.cpu_isa)
 }
+
+/// The README's example runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

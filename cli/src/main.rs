@@ -49,13 +49,13 @@ struct AttentionArgs {
     #[arg(long)]
     causal: bool,
     /// Softmax scale (default 1/sqrt(head_dim)).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     scale: Option<f32>,
     /// Sliding window `LEFT,RIGHT` in tokens; -1 means unbounded on that side.
     #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true)]
     window: Option<String>,
     /// Soft-cap the scaled scores: s becomes softcap * tanh(s / softcap).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     softcap: Option<f32>,
     /// Where to run.
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
