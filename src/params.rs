@@ -21,8 +21,8 @@ pub enum Backend {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CpuIsa {
-    /// The fastest available: AVX-512 BF16 dot products for bf16 input, else AVX-512, AVX2+FMA,
-    /// NEON or scalar f32 code.
+    /// The fastest available: for bf16 input AMX tiles, else AVX-512 BF16 dot products; otherwise
+    /// AVX-512, AVX2+FMA, NEON or scalar f32 code.
     #[default]
     Auto,
     /// Portable scalar code.
@@ -33,6 +33,8 @@ pub enum CpuIsa {
     Avx512,
     /// x86-64 AVX-512 with the bf16 dot product (`vdpbf16ps`); bf16 input only.
     Avx512Bf16,
+    /// x86-64 AMX tile matrix unit (`tdpbf16ps`) with AVX-512 for the softmax; bf16 input only.
+    Amx,
 }
 
 impl CpuIsa {
@@ -48,6 +50,7 @@ impl CpuIsa {
             CpuIsa::Avx2 => "avx2",
             CpuIsa::Avx512 => "avx512",
             CpuIsa::Avx512Bf16 => "avx512-bf16",
+            CpuIsa::Amx => "amx",
         }
     }
 }

@@ -79,6 +79,7 @@ enum IsaArg {
     Avx2,
     Avx512,
     Avx512Bf16,
+    Amx,
 }
 
 impl AttentionArgs {
@@ -104,6 +105,7 @@ impl AttentionArgs {
                 IsaArg::Avx2 => CpuIsa::Avx2,
                 IsaArg::Avx512 => CpuIsa::Avx512,
                 IsaArg::Avx512Bf16 => CpuIsa::Avx512Bf16,
+                IsaArg::Amx => CpuIsa::Amx,
             },
         })
     }

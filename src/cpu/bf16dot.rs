@@ -12,12 +12,17 @@
 //!
 //! head_dim is only padded to an even count, so 72 costs exactly 36 pair steps.
 
-use super::tile::{round_up, TileKernel, KEY_BLOCK, QUERY_BLOCK};
+use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};
 use crate::layout::Rows;
 use core::arch::x86_64::*;
 use core::marker::PhantomData;
 use core::ops::Range;
+
+/// Query rows per work item.
+const QUERY_BLOCK: usize = 64;
+/// Keys per block.
+const KEY_BLOCK: usize = 64;
 
 /// The AVX-512 BF16 kernel; only constructed for bf16 input on a CPU that has the instructions.
 #[derive(Clone, Copy, Debug)]
@@ -73,6 +78,8 @@ fn pack_pairs<T: Element>(row: ndarray::ArrayView1<T>, dst: &mut [u32]) {
 
 impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
     type Packed = u32;
+    const QUERY_BLOCK: usize = QUERY_BLOCK;
+    const KEY_BLOCK: usize = KEY_BLOCK;
     const STRIP: usize = 16;
 
     fn q_stride(d: usize) -> usize {

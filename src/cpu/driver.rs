@@ -3,7 +3,7 @@
 //! normalise, write the rows out.
 
 use super::softmax::{self, RowState, ScoreMap};
-use super::tile::{round_up, TileKernel, KEY_BLOCK, QUERY_BLOCK};
+use super::tile::{round_up, TileKernel};
 use super::workspace::Carver;
 use crate::element::Element;
 use crate::layout::{LseMut, Rows, RowsMut};
@@ -35,13 +35,13 @@ pub(crate) fn workspace_lines<T: Element, K: TileKernel<T>>(d: usize, dv: usize)
     let packed = core::mem::size_of::<K::Packed>();
     let f32s = core::mem::size_of::<f32>();
     let lines = |bytes: usize| bytes.div_ceil(64);
-    lines(QUERY_BLOCK * K::q_stride(d) * packed)
+    lines(K::QUERY_BLOCK * K::q_stride(d) * packed)
         + lines(K::k_len(d) * packed)
         + lines(K::v_len(dv) * packed)
         + lines(K::p_len() * packed)
-        + lines(QUERY_BLOCK * KEY_BLOCK * f32s)
-        + lines(QUERY_BLOCK * K::o_stride(dv) * f32s)
-        + 3 * lines(QUERY_BLOCK * f32s)
+        + lines(K::QUERY_BLOCK * K::KEY_BLOCK * f32s)
+        + lines(K::QUERY_BLOCK * K::o_stride(dv) * f32s)
+        + 3 * lines(K::QUERY_BLOCK * f32s)
 }
 
 /// Computes the output rows (and LSE) of `item` and writes them.
@@ -62,18 +62,18 @@ pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
     let (lq, lk) = (seq.q_len, seq.k_len);
     let kv_head = item.head / problem.group_size();
     let rows = item.rows.len();
-    debug_assert!(rows <= QUERY_BLOCK);
+    debug_assert!(rows <= K::QUERY_BLOCK);
 
-    let q = workspace.take::<K::Packed>(QUERY_BLOCK * K::q_stride(d));
+    let q = workspace.take::<K::Packed>(K::QUERY_BLOCK * K::q_stride(d));
     let k = workspace.take::<K::Packed>(K::k_len(d));
     let v = workspace.take::<K::Packed>(K::v_len(dv));
     let p_scratch = workspace.take::<K::Packed>(K::p_len());
-    let scores = workspace.take::<f32>(QUERY_BLOCK * KEY_BLOCK);
+    let scores = workspace.take::<f32>(K::QUERY_BLOCK * K::KEY_BLOCK);
     let o_stride = K::o_stride(dv);
-    let o = &mut workspace.take::<f32>(QUERY_BLOCK * o_stride)[..rows * o_stride];
-    let max = &mut workspace.take::<f32>(QUERY_BLOCK)[..rows];
-    let sum = &mut workspace.take::<f32>(QUERY_BLOCK)[..rows];
-    let alpha = &mut workspace.take::<f32>(QUERY_BLOCK)[..rows];
+    let o = workspace.take::<f32>(K::QUERY_BLOCK * o_stride);
+    let max = &mut workspace.take::<f32>(K::QUERY_BLOCK)[..rows];
+    let sum = &mut workspace.take::<f32>(K::QUERY_BLOCK)[..rows];
+    let alpha = &mut workspace.take::<f32>(K::QUERY_BLOCK)[..rows];
     max.fill(f32::NEG_INFINITY);
     sum.fill(0.0);
     o.fill(0.0);
@@ -84,8 +84,8 @@ pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
     let mask = problem.mask;
     let keys = mask.visible_keys_of_block(item.rows.clone(), lq, lk);
 
-    for start in keys.clone().step_by(KEY_BLOCK) {
-        let block = start..(start + KEY_BLOCK).min(keys.end);
+    for start in keys.clone().step_by(K::KEY_BLOCK) {
+        let block = start..(start + K::KEY_BLOCK).min(keys.end);
         let width = round_up(block.len(), K::STRIP);
         let k_tokens = seq.k_start + block.start..seq.k_start + block.end;
         kernel.pack_k(&io.k, k_tokens.clone(), kv_head, k);
@@ -102,7 +102,7 @@ pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
             Some(clip(seen.start)..clip(seen.end))
         };
         let mut state = RowState { max, sum, alpha };
-        softmax::update(simd, scores, rows, width, map, visible, &mut state);
+        softmax::update(simd, scores, K::KEY_BLOCK, rows, width, map, visible, &mut state);
 
         if v_finite {
             kernel.accumulate(scores, p_scratch, v, alpha, rows, width, dv, o);
@@ -114,7 +114,7 @@ pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
                 o_row.iter_mut().for_each(|x| *x *= alpha[r]);
                 let seen = visible(r).unwrap_or(0..block.len());
                 for j in seen {
-                    let p = scores[r * KEY_BLOCK + j];
+                    let p = scores[r * K::KEY_BLOCK + j];
                     let value = io.v.row(k_tokens.start + j, kv_head);
                     for (x, &vv) in o_row.iter_mut().zip(value.iter()) {
                         *x += p * vv.to_f32();

@@ -6,12 +6,16 @@
 //! row is `W` keys wide per register); V `[key][dv padded to W]`; the accumulator
 //! `[row][dv padded to W]`.
 
-use super::tile::{round_up, TileKernel, KEY_BLOCK, QUERY_BLOCK};
+use super::tile::{round_up, TileKernel};
 use crate::element::Element;
 use crate::layout::Rows;
 use core::ops::Range;
 use pulp::Simd;
 
+/// Query rows per work item.
+const QUERY_BLOCK: usize = 64;
+/// Keys per block.
+const KEY_BLOCK: usize = 64;
 /// Rows per register tile.
 const MR: usize = 4;
 /// Key strips (score products) or accumulator registers (value products) per register tile.
@@ -40,6 +44,8 @@ fn widen<T: Element>(src: ndarray::ArrayView1<T>, dst: &mut [f32]) {
 
 impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     type Packed = f32;
+    const QUERY_BLOCK: usize = QUERY_BLOCK;
+    const KEY_BLOCK: usize = KEY_BLOCK;
     const STRIP: usize = S::F32_LANES;
 
     fn q_stride(d: usize) -> usize {

@@ -7,6 +7,8 @@
 //! the blocked loop of one work item, `softmax.rs` and `math.rs` the shared online softmax.
 
 #[cfg(target_arch = "x86_64")]
+mod amx;
+#[cfg(target_arch = "x86_64")]
 mod bf16dot;
 mod driver;
 mod fma;
@@ -26,7 +28,7 @@ use driver::WorkItem;
 use fma::FmaKernel;
 use pulp::{Simd, WithSimd};
 use rayon::prelude::*;
-use tile::{TileKernel, QUERY_BLOCK};
+use tile::TileKernel;
 
 /// Below this many multiply-adds a call runs on the calling thread: fanning out would cost
 /// more than it saves.
@@ -39,6 +41,9 @@ pub(crate) fn resolved_isa<T: Element>(isa: CpuIsa) -> CpuIsa {
     }
     #[cfg(target_arch = "x86_64")]
     {
+        if amx::AmxKernel::<T>::try_new().is_some() {
+            return CpuIsa::Amx;
+        }
         if bf16dot::Bf16DotKernel::<T>::try_new().is_some() {
             return CpuIsa::Avx512Bf16;
         }
@@ -57,6 +62,11 @@ pub(crate) fn forward<T: Element>(problem: &Problem, io: Io<T>, isa: CpuIsa) -> 
     match isa {
         CpuIsa::Auto => {
             #[cfg(target_arch = "x86_64")]
+            if let (Some(kernel), Some(simd)) = (amx::AmxKernel::<T>::try_new(), pulp::x86::V4::try_new()) {
+                run(simd, kernel, problem, &io);
+                return Ok(());
+            }
+            #[cfg(target_arch = "x86_64")]
             if let (Some(kernel), Some(simd)) = (bf16dot::Bf16DotKernel::<T>::try_new(), pulp::x86::V4::try_new()) {
                 run(simd, kernel, problem, &io);
                 return Ok(());
@@ -69,20 +79,23 @@ pub(crate) fn forward<T: Element>(problem: &Problem, io: Io<T>, isa: CpuIsa) -> 
         #[cfg(target_arch = "x86_64")]
         CpuIsa::Avx512 => Portable { problem, io: &io }.with_simd(pulp::x86::V4::try_new().ok_or_else(unavailable)?),
         #[cfg(target_arch = "x86_64")]
-        CpuIsa::Avx512Bf16 => {
+        CpuIsa::Avx512Bf16 | CpuIsa::Amx => {
             if T::DTYPE != crate::DType::BF16 {
                 return Err(Error::Param {
                     name: "cpu_isa",
                     value: isa.name().to_string(),
-                    reason: "the bf16 dot-product kernel takes bf16 input only",
+                    reason: "the bf16 kernels (avx512-bf16, amx) take bf16 input only",
                 });
             }
-            let kernel = bf16dot::Bf16DotKernel::<T>::try_new().ok_or_else(unavailable)?;
             let simd = pulp::x86::V4::try_new().ok_or_else(unavailable)?;
-            run(simd, kernel, problem, &io);
+            if isa == CpuIsa::Amx {
+                run(simd, amx::AmxKernel::<T>::try_new().ok_or_else(unavailable)?, problem, &io);
+            } else {
+                run(simd, bf16dot::Bf16DotKernel::<T>::try_new().ok_or_else(unavailable)?, problem, &io);
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
-        CpuIsa::Avx2 | CpuIsa::Avx512 | CpuIsa::Avx512Bf16 => return Err(unavailable()),
+        CpuIsa::Avx2 | CpuIsa::Avx512 | CpuIsa::Avx512Bf16 | CpuIsa::Amx => return Err(unavailable()),
     }
     Ok(())
 }
@@ -106,10 +119,10 @@ fn run<S: Simd, T: Element, K: TileKernel<T>>(simd: S, kernel: K, problem: &Prob
     let lines = driver::workspace_lines::<T, K>(problem.head_dim, problem.head_dim_v);
     let heads = problem.num_heads;
     // Work items are (sequence, head) pairs `bh`, each cut into blocks of query rows.
-    let blocks = |bh: usize| problem.sequence(bh / heads).q_len.div_ceil(QUERY_BLOCK);
+    let blocks = |bh: usize| problem.sequence(bh / heads).q_len.div_ceil(K::QUERY_BLOCK);
     let process = |bh: usize, block: usize| {
         let sequence = problem.sequence(bh / heads);
-        let rows = block * QUERY_BLOCK..((block + 1) * QUERY_BLOCK).min(sequence.q_len);
+        let rows = block * K::QUERY_BLOCK..((block + 1) * K::QUERY_BLOCK).min(sequence.q_len);
         let item = WorkItem { sequence, head: bh % heads, rows };
         workspace::with_workspace(lines, |carver| {
             simd.vectorize(Attend { kernel, problem, io, item: &item, carver });

@@ -5,7 +5,6 @@
 //! scale folded into one fused multiply-add.
 
 use super::math::{exp2, tanh};
-use super::tile::KEY_BLOCK;
 use core::ops::Range;
 use pulp::Simd;
 
@@ -37,7 +36,7 @@ pub(crate) struct RowState<'a> {
     pub alpha: &'a mut [f32],
 }
 
-/// Turns the raw scores of `rows` rows and `keys` columns (row stride [`KEY_BLOCK`]) into
+/// Turns the raw scores of `rows` rows and `keys` columns (row stride `stride`) into
 /// probabilities in place, updating the running max and sum and setting `alpha`.
 ///
 /// `visible(r)` gives the columns row `r` may see, or `None` when all `keys` are visible;
@@ -46,6 +45,7 @@ pub(crate) struct RowState<'a> {
 pub(crate) fn update<S: Simd>(
     simd: S,
     scores: &mut [f32],
+    stride: usize,
     rows: usize,
     keys: usize,
     map: ScoreMap,
@@ -54,7 +54,7 @@ pub(crate) fn update<S: Simd>(
 ) {
     let factor = map.log2_factor();
     for r in 0..rows {
-        let row = &mut scores[r * KEY_BLOCK..r * KEY_BLOCK + keys];
+        let row = &mut scores[r * stride..r * stride + keys];
         if let Some(cap) = map.softcap {
             soft_cap(simd, row, map.scale / cap, cap);
         }

@@ -2,9 +2,9 @@
 //! and the two small matrix products. Everything else (masking, the online softmax, the final
 //! normalisation) is shared.
 //!
-//! Shapes, for a block of `rows` query rows and up to [`KEY_BLOCK`] keys:
+//! Shapes, for a block of `rows` (at most `QUERY_BLOCK`) query rows and up to `KEY_BLOCK` keys:
 //! - `scores`: `S[r][j] = Σ_d Q[r][d] K[j][d]` (unscaled), written row-major with row stride
-//!   [`KEY_BLOCK`], for `keys` columns (a multiple of [`TileKernel::STRIP`]).
+//!   `KEY_BLOCK`, for `keys` columns (a multiple of [`TileKernel::STRIP`]).
 //! - `accumulate`: `O[r][:] = alpha[r] · O[r][:] + Σ_j P[r][j] V[j][:]` where `P` is the
 //!   probability tile left by the softmax in the score buffer.
 //!
@@ -15,17 +15,15 @@ use crate::element::Element;
 use crate::layout::Rows;
 use core::ops::Range;
 
-/// Keys per block of the streaming loop.
-pub(crate) const KEY_BLOCK: usize = 64;
-
-/// Query rows per work item.
-pub(crate) const QUERY_BLOCK: usize = 64;
-
 /// One instruction set's packing and matrix products.
 pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
     /// Element of the packed operands.
     type Packed: bytemuck::Pod;
 
+    /// Query rows per work item.
+    const QUERY_BLOCK: usize;
+    /// Keys per block of the streaming loop (and the row stride of the score tile).
+    const KEY_BLOCK: usize;
     /// Scores are computed for whole strips of this many keys (padding keys score 0 and are
     /// masked by the caller).
     const STRIP: usize;
@@ -38,22 +36,22 @@ pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
     fn v_len(dv: usize) -> usize;
     /// `f32`s per row of the output accumulator (head_dim_v `dv`, padded).
     fn o_stride(dv: usize) -> usize;
-    /// Packed elements of the probability tile of [`QUERY_BLOCK`] rows.
+    /// Packed elements of the probability tile of `QUERY_BLOCK` rows.
     fn p_len() -> usize;
 
     /// Packs Q rows `tokens` of head `head` (row `r` of the block at `r * q_stride`).
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]);
-    /// Packs the keys `tokens` (at most [`KEY_BLOCK`]) of kv head `head`, zero-padded to a
+    /// Packs the keys `tokens` (at most `KEY_BLOCK`) of kv head `head`, zero-padded to a
     /// whole strip.
     fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]);
     /// Packs the values `tokens` of kv head `head`, zero-padded to a whole strip. Returns
     /// whether every value is finite.
     fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]) -> bool;
     /// Writes raw scores for `rows` rows and `keys` key columns into `s` (row stride
-    /// [`KEY_BLOCK`]).
+    /// `KEY_BLOCK`).
     fn scores(&self, q: &[Self::Packed], k: &[Self::Packed], rows: usize, d: usize, keys: usize, s: &mut [f32]);
     /// Rescales and accumulates `P·V` into `o` (row stride `o_stride(dv)`); `p` holds the
-    /// probabilities (row stride [`KEY_BLOCK`]), `p_scratch` is room for a packed copy.
+    /// probabilities (row stride `KEY_BLOCK`), `p_scratch` is room for a packed copy.
     #[allow(clippy::too_many_arguments)]
     fn accumulate(
         &self,

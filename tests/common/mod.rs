@@ -106,8 +106,8 @@ pub fn cu_seqlens(lengths: &[usize]) -> Vec<i32> {
 /// The CPU paths to check for element type `T` on this machine; prints the ones skipped.
 pub fn cpu_paths<T: Element>() -> Vec<CpuIsa> {
     let mut paths = vec![CpuIsa::Auto, CpuIsa::Scalar];
-    for isa in [CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16] {
-        if isa == CpuIsa::Avx512Bf16 && T::DTYPE != varlen_attn::DType::BF16 {
+    for isa in [CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx] {
+        if matches!(isa, CpuIsa::Avx512Bf16 | CpuIsa::Amx) && T::DTYPE != varlen_attn::DType::BF16 {
             continue;
         }
         if isa_available::<T>(isa) {
@@ -121,6 +121,8 @@ pub fn cpu_paths<T: Element>() -> Vec<CpuIsa> {
 
 fn isa_available<T: Element>(isa: CpuIsa) -> bool {
     let x = Array3::<T>::default((1, 1, 2));
+    // `is_ok` alone would pass an unsupported path that silently fell back: the error must name
+    // the missing instruction set.
     let params = Params { cpu_isa: isa, backend: varlen_attn::Backend::Cpu, ..Params::default() };
     varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 1], &[0, 1], &params).is_ok()
 }

@@ -1,0 +1,393 @@
+//! The x86-64 kernel for bf16 input on CPUs with AMX (Intel Sapphire Rapids and later): both
+//! products run on the tile matrix unit, `tdpbf16ps`, 16×16 f32 outputs from 16×32 bf16 times
+//! 32×16 bf16 per instruction (16 384 FLOP), with exact bf16 products and f32 accumulation.
+//!
+//! Rust has no stable AMX intrinsics or target features, so the tile instructions are written as
+//! inline assembly; the operating system must also grant the process the tile state (Linux
+//! `arch_prctl(ARCH_REQ_XCOMP_PERM)`), which [`available`] asks for once.
+//!
+//! Layouts (`u32` = a pair of bf16, the lower index in the low half):
+//! - Q `[row][d padded to 32]` bf16 row-major: the A operand, 32 head_dim values per tile row;
+//! - K `[strip of 16 keys][d/2 pairs][16]`: the B operand ("VNNI" pairs along head_dim);
+//! - P `[row][KEY_BLOCK]` bf16: the A operand of the second product, 32 keys per tile row;
+//! - V `[key pair][dv padded to 16]`: the B operand, two keys interleaved per column;
+//! - the scores and the accumulator in f32, stored and loaded as 16×16 tiles.
+//!
+//! head_dim is padded to the tile depth of 32 (72 costs as 96 in the first product: the tile unit
+//! takes the same time for a shallower tile) and head_dim_v to 16 columns (72 costs as 80).
+
+use super::tile::{round_up, TileKernel};
+use crate::element::{DType, Element};
+use crate::layout::Rows;
+use core::arch::asm;
+use core::arch::x86_64::*;
+use core::marker::PhantomData;
+use core::ops::Range;
+use std::sync::OnceLock;
+
+/// Query rows per work item: four tile rows.
+const QUERY_BLOCK: usize = 64;
+/// Keys per block: four 32-key tile depths of the second product.
+const KEY_BLOCK: usize = 128;
+/// Bytes per tile row.
+const TILE_BYTES: usize = 64;
+
+/// The AMX kernel; only constructed for bf16 input where the CPU and the OS allow AMX.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AmxKernel<T> {
+    _element: PhantomData<T>,
+}
+
+impl<T: Element> AmxKernel<T> {
+    /// The kernel, if `T` is bf16 and AMX is usable.
+    pub fn try_new() -> Option<Self> {
+        (T::DTYPE == DType::BF16 && available()).then_some(AmxKernel { _element: PhantomData })
+    }
+}
+
+/// Whether this CPU has AMX-BF16 (with the AVX-512 the softmax uses) and the OS lets this
+/// process use the tile state. Asks the OS once.
+pub(crate) fn available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| cpu_has_amx() && super::bf16dot::available() && request_tile_permission())
+}
+
+/// CPUID leaf 7: EDX bit 22 is AMX-BF16, bit 24 AMX-TILE.
+fn cpu_has_amx() -> bool {
+    let leaf7 = __cpuid_count(7, 0);
+    leaf7.edx & (1 << 22) != 0 && leaf7.edx & (1 << 24) != 0
+}
+
+/// Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`; true when granted.
+#[cfg(target_os = "linux")]
+fn request_tile_permission() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let result: i64;
+    // SAFETY: a plain system call with integer arguments; the kernel writes no memory of ours.
+    // rcx and r11 are clobbered by `syscall`.
+    unsafe {
+        asm!("syscall", inlateout("rax") SYS_ARCH_PRCTL => result, in("rdi") ARCH_REQ_XCOMP_PERM,
+             in("rsi") XFEATURE_XTILEDATA, lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    result == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_permission() -> bool {
+    false
+}
+
+/// The tile configuration: palette 1, all eight tiles 16 rows × 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const CONFIG: TileConfig = {
+    let mut bytes = [0u8; 64];
+    bytes[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        bytes[16 + 2 * t] = TILE_BYTES as u8;
+        bytes[48 + t] = 16;
+        t += 1;
+    }
+    TileConfig(bytes)
+};
+
+/// Loads the tile configuration; zeroes every tile.
+///
+/// # Safety
+/// AMX must be usable ([`available`]).
+#[inline(always)]
+unsafe fn configure_tiles() {
+    // SAFETY: the caller checked AMX; CONFIG is a valid 64-byte palette-1 configuration.
+    unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+}
+
+/// Releases the tile state, so the OS need not save it on context switches.
+///
+/// # Safety
+/// AMX must be usable.
+#[inline(always)]
+unsafe fn release_tiles() {
+    // SAFETY: the caller checked AMX.
+    unsafe { asm!("tilerelease", options(nostack, nomem)) };
+}
+
+/// `tileloadd tmmN, [ptr + stride * row]` for 16 rows of 64 bytes.
+macro_rules! tile_load {
+    ($tile:literal, $ptr:expr, $stride:expr) => {
+        asm!(concat!("tileloadd tmm", $tile, ", [{p} + {s}*1]"), p = in(reg) $ptr, s = in(reg) $stride,
+             options(nostack, readonly))
+    };
+}
+
+/// `tilestored [ptr + stride * row], tmmN`.
+macro_rules! tile_store {
+    ($tile:literal, $ptr:expr, $stride:expr) => {
+        asm!(concat!("tilestored [{p} + {s}*1], tmm", $tile), p = in(reg) $ptr, s = in(reg) $stride,
+             options(nostack))
+    };
+}
+
+/// `tdpbf16ps tmmC, tmmA, tmmB`: C += A·B.
+macro_rules! tile_dot {
+    ($c:literal, $a:literal, $b:literal) => {
+        asm!(concat!("tdpbf16ps tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack, nomem))
+    };
+}
+
+/// `tilezero tmmN`.
+macro_rules! tile_zero {
+    ($tile:literal) => {
+        asm!(concat!("tilezero tmm", $tile), options(nostack, nomem))
+    };
+}
+
+/// The bf16 bit pattern of `x` (exact: `T` is bf16).
+#[inline(always)]
+fn bits<T: Element>(x: T) -> u16 {
+    (x.to_f32().to_bits() >> 16) as u16
+}
+
+impl<T: Element> TileKernel<T> for AmxKernel<T> {
+    type Packed = u32;
+    const QUERY_BLOCK: usize = QUERY_BLOCK;
+    const KEY_BLOCK: usize = KEY_BLOCK;
+    const STRIP: usize = 32;
+
+    fn q_stride(d: usize) -> usize {
+        round_up(d, 32) / 2
+    }
+    fn k_len(d: usize) -> usize {
+        KEY_BLOCK * round_up(d, 32) / 2
+    }
+    fn v_len(dv: usize) -> usize {
+        KEY_BLOCK / 2 * round_up(dv, 16)
+    }
+    fn o_stride(dv: usize) -> usize {
+        round_up(dv, 16)
+    }
+    fn p_len() -> usize {
+        QUERY_BLOCK * KEY_BLOCK / 2
+    }
+
+    fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
+        let d = q.row(tokens.start, head).len();
+        let row_len = round_up(d, 32);
+        let dst: &mut [u16] = bytemuck::cast_slice_mut(&mut dst[..QUERY_BLOCK * row_len / 2]);
+        dst.fill(0);
+        for (r, token) in tokens.enumerate() {
+            let out = &mut dst[r * row_len..r * row_len + d];
+            let row = q.row(token, head);
+            match row.as_slice() {
+                Some(s) => out.iter_mut().zip(s).for_each(|(o, &x)| *o = bits(x)),
+                None => out.iter_mut().zip(row.iter()).for_each(|(o, &x)| *o = bits(x)),
+            }
+        }
+    }
+
+    fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
+        let d = k.row(tokens.start, head).len();
+        let pairs = round_up(d, 32) / 2;
+        let panel = pairs * 16;
+        let n = tokens.len();
+        let dst: &mut [u16] = bytemuck::cast_slice_mut(&mut dst[..round_up(n, 32) * pairs]);
+        dst.fill(0);
+        for (j, token) in tokens.enumerate() {
+            let (strip, lane) = (j / 16, j % 16);
+            let base = strip * panel * 2 + lane * 2;
+            for (i, &x) in k.row(token, head).iter().enumerate() {
+                dst[base + (i / 2) * 32 + (i % 2)] = bits(x);
+            }
+        }
+    }
+
+    fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) -> bool {
+        let dv = v.row(tokens.start, head).len();
+        let stride = round_up(dv, 16);
+        let pairs = round_up(tokens.len(), 32) / 2;
+        let dst: &mut [u16] = bytemuck::cast_slice_mut(&mut dst[..pairs * stride]);
+        dst.fill(0);
+        let mut finite = true;
+        for (j, token) in tokens.enumerate() {
+            let base = (j / 2) * stride * 2 + j % 2;
+            for (i, &x) in v.row(token, head).iter().enumerate() {
+                let b = bits(x);
+                finite &= b & 0x7f80 != 0x7f80;
+                dst[base + 2 * i] = b;
+            }
+        }
+        finite
+    }
+
+    fn scores(&self, q: &[u32], k: &[u32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {
+        let depth = round_up(d, 32);
+        let (chunks, pairs) = (depth / 32, depth / 2);
+        let row_tiles = rows.div_ceil(16).div_ceil(2) * 2; // pairs of row tiles; Q rows past `rows` are zero
+        let strips = keys / 16;
+        assert!(rows <= QUERY_BLOCK && keys <= KEY_BLOCK && keys.is_multiple_of(32));
+        assert!(q.len() >= QUERY_BLOCK * pairs && k.len() >= strips * pairs * 16 && s.len() >= QUERY_BLOCK * KEY_BLOCK);
+        let (q_stride, s_stride) = (depth * 2, KEY_BLOCK * 4);
+        // SAFETY: AMX is usable (this kernel exists only after `available()`). Every tile load
+        // reads 16 rows of 64 bytes: Q rows rt*16.. of `depth` bf16 (row_tiles*16 <= QUERY_BLOCK
+        // rows are packed), K panels of `pairs` rows of 64 bytes for strips < keys/16; every
+        // store writes 16 rows of 64 bytes of s at rows < QUERY_BLOCK, columns < keys. The
+        // asserts above bound all of these inside the slices.
+        unsafe {
+            configure_tiles();
+            for rt in (0..row_tiles).step_by(2) {
+                let a0 = q.as_ptr().cast::<u8>().add(rt * 16 * q_stride);
+                let a1 = a0.add(16 * q_stride);
+                for st in (0..strips).step_by(2) {
+                    let b0 = k.as_ptr().cast::<u8>().add(st * pairs * TILE_BYTES);
+                    let b1 = b0.add(pairs * TILE_BYTES);
+                    tile_zero!("0");
+                    tile_zero!("1");
+                    tile_zero!("2");
+                    tile_zero!("3");
+                    for c in 0..chunks {
+                        tile_load!("4", a0.add(c * TILE_BYTES), q_stride);
+                        tile_load!("5", a1.add(c * TILE_BYTES), q_stride);
+                        tile_load!("6", b0.add(c * 16 * TILE_BYTES), TILE_BYTES);
+                        tile_load!("7", b1.add(c * 16 * TILE_BYTES), TILE_BYTES);
+                        tile_dot!("0", "4", "6");
+                        tile_dot!("1", "4", "7");
+                        tile_dot!("2", "5", "6");
+                        tile_dot!("3", "5", "7");
+                    }
+                    let c0 = s.as_mut_ptr().cast::<u8>().add(rt * 16 * s_stride + st * 16 * 4);
+                    tile_store!("0", c0, s_stride);
+                    tile_store!("1", c0.add(64), s_stride);
+                    tile_store!("2", c0.add(16 * s_stride), s_stride);
+                    tile_store!("3", c0.add(16 * s_stride + 64), s_stride);
+                }
+            }
+            release_tiles();
+        }
+    }
+
+    fn accumulate(
+        &self,
+        p: &[f32],
+        p_scratch: &mut [u32],
+        v: &[u32],
+        alpha: &[f32],
+        rows: usize,
+        keys: usize,
+        dv: usize,
+        o: &mut [f32],
+    ) {
+        let stride = round_up(dv, 16);
+        let row_tiles = rows.div_ceil(16);
+        let (chunks, columns) = (keys / 32, stride / 16);
+        assert!(rows <= QUERY_BLOCK && keys <= KEY_BLOCK && keys.is_multiple_of(32));
+        assert!(p.len() >= QUERY_BLOCK * KEY_BLOCK && p_scratch.len() >= QUERY_BLOCK * KEY_BLOCK / 2);
+        assert!(v.len() >= keys / 2 * stride && o.len() >= QUERY_BLOCK * stride && alpha.len() >= rows);
+        // SAFETY: AMX implies AVX-512F/BF16 (`available()` checks both); the asserts show the
+        // reads and writes stay inside p, p_scratch, alpha and o.
+        unsafe { prepare(p.as_ptr(), p_scratch.as_mut_ptr(), alpha.as_ptr(), o.as_mut_ptr(), rows, row_tiles * 16, keys, stride) };
+        let (p_stride, v_stride, o_stride) = (KEY_BLOCK * 2, stride * 4, stride * 4);
+        // SAFETY: AMX is usable. A tiles read 16 rows of 64 bytes of the bf16 probabilities
+        // (rows < row_tiles*16 <= QUERY_BLOCK, keys < `keys`), B tiles 16 rows (key pairs) of 64
+        // bytes of V (pairs < keys/2, columns < stride), C tiles 16 rows of 64 bytes of o; all
+        // inside the slices by the asserts above.
+        unsafe {
+            configure_tiles();
+            for rt in 0..row_tiles {
+                let a = p_scratch.as_ptr().cast::<u8>().add(rt * 16 * p_stride);
+                // The probabilities of this row tile stay in tmm2..5, one per 32 keys.
+                tile_load!("2", a, p_stride);
+                if chunks > 1 {
+                    tile_load!("3", a.add(TILE_BYTES), p_stride);
+                }
+                if chunks > 2 {
+                    tile_load!("4", a.add(2 * TILE_BYTES), p_stride);
+                }
+                if chunks > 3 {
+                    tile_load!("5", a.add(3 * TILE_BYTES), p_stride);
+                }
+                for col in (0..columns).step_by(2) {
+                    let pair = col + 1 < columns;
+                    let c0 = o.as_mut_ptr().cast::<u8>().add(rt * 16 * o_stride + col * 64);
+                    let b = v.as_ptr().cast::<u8>().add(col * 64);
+                    tile_load!("0", c0, o_stride);
+                    if pair {
+                        tile_load!("1", c0.add(64), o_stride);
+                    }
+                    macro_rules! depth {
+                        ($chunk:literal, $a:literal) => {
+                            let bc = b.add($chunk * 16 * v_stride);
+                            tile_load!("6", bc, v_stride);
+                            tile_dot!("0", $a, "6");
+                            if pair {
+                                tile_load!("7", bc.add(64), v_stride);
+                                tile_dot!("1", $a, "7");
+                            }
+                        };
+                    }
+                    depth!(0, "2");
+                    if chunks > 1 {
+                        depth!(1, "3");
+                    }
+                    if chunks > 2 {
+                        depth!(2, "4");
+                    }
+                    if chunks > 3 {
+                        depth!(3, "5");
+                    }
+                    tile_store!("0", c0, o_stride);
+                    if pair {
+                        tile_store!("1", c0.add(64), o_stride);
+                    }
+                }
+            }
+            release_tiles();
+        }
+    }
+}
+
+const _: () = assert!(KEY_BLOCK == 4 * 32 && QUERY_BLOCK.is_multiple_of(32));
+
+/// Rounds the probabilities to bf16 rows (zero rows from `rows` to `padded_rows`), and rescales
+/// the accumulator rows by `alpha` (skipped where alpha is 1).
+///
+/// # Safety
+/// AVX-512F/BF16 present; `p` holds `padded_rows × KEY_BLOCK` f32, `out` as many bf16, `alpha`
+/// `rows` f32, `o` `rows × stride` f32; `keys` a multiple of 32 up to `KEY_BLOCK`, `stride` of
+/// 16.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn prepare(p: *const f32, out: *mut u32, alpha: *const f32, o: *mut f32, rows: usize, padded_rows: usize, keys: usize, stride: usize) {
+    for r in 0..padded_rows {
+        for c in (0..keys).step_by(32) {
+            // SAFETY: row r < padded_rows, columns c..c+32 <= keys <= KEY_BLOCK: inside p and out.
+            unsafe {
+                let packed = if r < rows {
+                    let lo = _mm512_loadu_ps(p.add(r * KEY_BLOCK + c));
+                    let hi = _mm512_loadu_ps(p.add(r * KEY_BLOCK + c + 16));
+                    _mm512_castps_si512(core::mem::transmute::<__m512bh, __m512>(_mm512_cvtne2ps_pbh(hi, lo)))
+                } else {
+                    _mm512_setzero_si512()
+                };
+                _mm512_storeu_si512(out.add(r * (KEY_BLOCK / 2) + c / 2).cast(), packed);
+            }
+        }
+    }
+    for r in 0..rows {
+        // SAFETY: r < rows: inside alpha.
+        let a = unsafe { alpha.add(r).read() };
+        if a == 1.0 {
+            continue;
+        }
+        let factor = _mm512_set1_ps(a);
+        for c in (0..stride).step_by(16) {
+            // SAFETY: row r < rows, columns c..c+16 <= stride: inside o.
+            unsafe {
+                let x = o.add(r * stride + c);
+                _mm512_storeu_ps(x, _mm512_mul_ps(_mm512_loadu_ps(x), factor));
+            }
+        }
+    }
+}
