@@ -16,6 +16,8 @@
 //! head_dim is padded to the tile depth of 32 (72 costs as 96 in the first product: the tile unit
 //! takes the same time for a shallower tile) and head_dim_v to 16 columns (72 costs as 80).
 
+use super::softmax::{RowState, ScoreMap, SoftCap};
+use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};
 use crate::layout::Rows;
@@ -35,13 +37,15 @@ const TILE_BYTES: usize = 64;
 /// The AMX kernel; only constructed for bf16 input where the CPU and the OS allow AMX.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AmxKernel<T> {
+    simd: pulp::x86::V4,
     _element: PhantomData<T>,
 }
 
 impl<T: Element> AmxKernel<T> {
     /// The kernel, if `T` is bf16 and AMX is usable.
     pub fn try_new() -> Option<Self> {
-        (T::DTYPE == DType::BF16 && available()).then_some(AmxKernel { _element: PhantomData })
+        let simd = pulp::x86::V4::try_new()?;
+        (T::DTYPE == DType::BF16 && available()).then_some(AmxKernel { simd, _element: PhantomData })
     }
 }
 
@@ -268,10 +272,36 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
         }
     }
 
+    fn softmax(
+        &self,
+        s: &mut [f32],
+        p: &mut [u32],
+        rows: usize,
+        keys: usize,
+        map: ScoreMap,
+        visible: &dyn Fn(usize) -> Option<Range<usize>>,
+        state: &mut RowState<'_>,
+    ) {
+        if map.softcap.is_some() {
+            pulp::Simd::vectorize(self.simd, SoftCap { scores: s, stride: KEY_BLOCK, rows, keys, map });
+        }
+        // Rows past `rows` up to the next tile row feed the second product: zero them.
+        let padded = rows.next_multiple_of(16).min(QUERY_BLOCK);
+        p[rows * KEY_BLOCK / 2..padded * KEY_BLOCK / 2].fill(0);
+        // SAFETY: AMX implies AVX-512F/BF16 (`available()` checks both); s holds QUERY_BLOCK ×
+        // KEY_BLOCK f32 and p QUERY_BLOCK × KEY_BLOCK / 2 u32, checked again inside.
+        unsafe { softmax_bf16::update(s, KEY_BLOCK, p, rows, keys, map.log2_factor(), visible, state) };
+    }
+
+    fn probability(&self, _s: &[f32], p: &[u32], r: usize, j: usize) -> f32 {
+        let pair = p[r * (KEY_BLOCK / 2) + j / 2];
+        f32::from_bits(((pair >> (16 * (j % 2))) & 0xffff) << 16)
+    }
+
     fn accumulate(
         &self,
-        p: &[f32],
-        p_scratch: &mut [u32],
+        _s: &[f32],
+        p_scratch: &[u32],
         v: &[u32],
         alpha: &[f32],
         rows: usize,
@@ -283,11 +313,11 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
         let row_tiles = rows.div_ceil(16);
         let (chunks, columns) = (keys / 32, stride / 16);
         assert!(rows <= QUERY_BLOCK && keys <= KEY_BLOCK && keys.is_multiple_of(32));
-        assert!(p.len() >= QUERY_BLOCK * KEY_BLOCK && p_scratch.len() >= QUERY_BLOCK * KEY_BLOCK / 2);
+        assert!(p_scratch.len() >= QUERY_BLOCK * KEY_BLOCK / 2);
         assert!(v.len() >= keys / 2 * stride && o.len() >= QUERY_BLOCK * stride && alpha.len() >= rows);
-        // SAFETY: AMX implies AVX-512F/BF16 (`available()` checks both); the asserts show the
-        // reads and writes stay inside p, p_scratch, alpha and o.
-        unsafe { prepare(p.as_ptr(), p_scratch.as_mut_ptr(), alpha.as_ptr(), o.as_mut_ptr(), rows, row_tiles * 16, keys, stride) };
+        // SAFETY: AMX implies AVX-512F (`available()` checks it); the asserts show the reads
+        // and writes stay inside alpha and o.
+        unsafe { rescale(alpha.as_ptr(), o.as_mut_ptr(), rows, stride) };
         let (p_stride, v_stride, o_stride) = (KEY_BLOCK * 2, stride * 4, stride * 4);
         // SAFETY: AMX is usable. A tiles read 16 rows of 64 bytes of the bf16 probabilities
         // (rows < row_tiles*16 <= QUERY_BLOCK, keys < `keys`), B tiles 16 rows (key pairs) of 64
@@ -350,31 +380,13 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
 
 const _: () = assert!(KEY_BLOCK == 4 * 32 && QUERY_BLOCK.is_multiple_of(32));
 
-/// Rounds the probabilities to bf16 rows (zero rows from `rows` to `padded_rows`), and rescales
-/// the accumulator rows by `alpha` (skipped where alpha is 1).
+/// Rescales the accumulator rows by `alpha` (skipped where alpha is 1).
 ///
 /// # Safety
-/// AVX-512F/BF16 present; `p` holds `padded_rows × KEY_BLOCK` f32, `out` as many bf16, `alpha`
-/// `rows` f32, `o` `rows × stride` f32; `keys` a multiple of 32 up to `KEY_BLOCK`, `stride` of
+/// AVX-512F present; `alpha` holds `rows` f32, `o` `rows × stride` f32; `stride` a multiple of
 /// 16.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn prepare(p: *const f32, out: *mut u32, alpha: *const f32, o: *mut f32, rows: usize, padded_rows: usize, keys: usize, stride: usize) {
-    for r in 0..padded_rows {
-        for c in (0..keys).step_by(32) {
-            // SAFETY: row r < padded_rows, columns c..c+32 <= keys <= KEY_BLOCK: inside p and out.
-            unsafe {
-                let packed = if r < rows {
-                    let lo = _mm512_loadu_ps(p.add(r * KEY_BLOCK + c));
-                    let hi = _mm512_loadu_ps(p.add(r * KEY_BLOCK + c + 16));
-                    _mm512_castps_si512(core::mem::transmute::<__m512bh, __m512>(_mm512_cvtne2ps_pbh(hi, lo)))
-                } else {
-                    _mm512_setzero_si512()
-                };
-                _mm512_storeu_si512(out.add(r * (KEY_BLOCK / 2) + c / 2).cast(), packed);
-            }
-        }
-    }
+#[target_feature(enable = "avx512f")]
+unsafe fn rescale(alpha: *const f32, o: *mut f32, rows: usize, stride: usize) {
     for r in 0..rows {
         // SAFETY: r < rows: inside alpha.
         let a = unsafe { alpha.add(r).read() };

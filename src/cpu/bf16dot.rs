@@ -12,6 +12,8 @@
 //!
 //! head_dim is only padded to an even count, so 72 costs exactly 36 pair steps.
 
+use super::softmax::{RowState, ScoreMap, SoftCap};
+use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};
 use crate::layout::Rows;
@@ -27,6 +29,7 @@ const KEY_BLOCK: usize = 64;
 /// The AVX-512 BF16 kernel; only constructed for bf16 input on a CPU that has the instructions.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Bf16DotKernel<T> {
+    simd: pulp::x86::V4,
     _element: PhantomData<T>,
 }
 
@@ -42,7 +45,8 @@ pub(crate) fn available() -> bool {
 impl<T: Element> Bf16DotKernel<T> {
     /// The kernel, if `T` is bf16 and the CPU has AVX-512 BF16.
     pub fn try_new() -> Option<Self> {
-        (T::DTYPE == DType::BF16 && available()).then_some(Bf16DotKernel { _element: PhantomData })
+        let simd = pulp::x86::V4::try_new()?;
+        (T::DTYPE == DType::BF16 && available()).then_some(Bf16DotKernel { simd, _element: PhantomData })
     }
 }
 
@@ -190,10 +194,34 @@ impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
         }
     }
 
+    fn softmax(
+        &self,
+        s: &mut [f32],
+        p: &mut [u32],
+        rows: usize,
+        keys: usize,
+        map: ScoreMap,
+        visible: &dyn Fn(usize) -> Option<Range<usize>>,
+        state: &mut RowState<'_>,
+    ) {
+        if map.softcap.is_some() {
+            pulp::Simd::vectorize(self.simd, SoftCap { scores: s, stride: KEY_BLOCK, rows, keys, map });
+        }
+        // SAFETY: the CPU has the features (this kernel exists only after `available()`); s
+        // holds QUERY_BLOCK × KEY_BLOCK f32 and p QUERY_BLOCK × KEY_BLOCK / 2 u32 (the driver's
+        // workspace, sized by p_len), checked again inside.
+        unsafe { softmax_bf16::update(s, KEY_BLOCK, p, rows, keys, map.log2_factor(), visible, state) };
+    }
+
+    fn probability(&self, _s: &[f32], p: &[u32], r: usize, j: usize) -> f32 {
+        let pair = p[r * (KEY_BLOCK / 2) + j / 2];
+        f32::from_bits(((pair >> (16 * (j % 2))) & 0xffff) << 16)
+    }
+
     fn accumulate(
         &self,
-        p: &[f32],
-        p_scratch: &mut [u32],
+        _s: &[f32],
+        p: &[u32],
         v: &[u32],
         alpha: &[f32],
         rows: usize,
@@ -205,12 +233,9 @@ impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
         let pairs = keys / 2;
         const P_STRIDE: usize = KEY_BLOCK / 2;
         assert!(rows <= QUERY_BLOCK && keys <= KEY_BLOCK && keys.is_multiple_of(16));
-        assert!(p.len() >= rows * KEY_BLOCK && p_scratch.len() >= rows * P_STRIDE);
-        assert!(v.len() >= pairs * stride && o.len() >= rows * stride && alpha.len() >= rows);
-        // SAFETY: features as in `scores`; the asserts show rows * KEY_BLOCK f32 are read and
-        // rows * P_STRIDE u32 written.
-        unsafe { round_probabilities(p.as_ptr(), p_scratch.as_mut_ptr(), rows, keys) };
-
+        assert!(
+            p.len() >= rows * P_STRIDE && v.len() >= pairs * stride && o.len() >= rows * stride && alpha.len() >= rows
+        );
         let vectors = stride / 16;
         let mut n = 0;
         while n < vectors {
@@ -226,7 +251,7 @@ impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
             let mut r = 0;
             while r < rows {
                 let m = (rows - r).min(max_rows);
-                let (pp, aa) = (p_scratch[r * P_STRIDE..].as_ptr(), alpha[r..].as_ptr());
+                let (pp, aa) = (p[r * P_STRIDE..].as_ptr(), alpha[r..].as_ptr());
                 let (vv, oo) = (v[n * 16..].as_ptr(), o[r * stride + n * 16..].as_mut_ptr());
                 macro_rules! tile {
                     ($(($mm:literal, $nn:literal)),*) => {
@@ -353,32 +378,6 @@ unsafe fn value_tile<const M: usize, const N: usize>(
         for (n, &a) in acc.iter().enumerate() {
             // SAFETY: row m < M, vector n < N: inside o.
             unsafe { _mm512_storeu_ps(o.add(m * v_stride + n * 16), a) };
-        }
-    }
-}
-
-/// Rounds `rows` rows of `keys` probabilities (stride [`KEY_BLOCK`]) to bf16 pairs (stride
-/// `KEY_BLOCK / 2`), to nearest even.
-///
-/// # Safety
-/// AVX-512F/BF16 present; `p` holds `rows × KEY_BLOCK` f32, `out` `rows × KEY_BLOCK / 2` u32;
-/// `keys` is a multiple of 16 and at most [`KEY_BLOCK`].
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn round_probabilities(p: *const f32, out: *mut u32, rows: usize, keys: usize) {
-    for r in 0..rows {
-        for c in (0..keys).step_by(32) {
-            // SAFETY: c + 32 <= KEY_BLOCK when c + 16 < keys (keys <= KEY_BLOCK, both multiples
-            // of 16), else the upper half is never read.
-            unsafe {
-                let lo = _mm512_loadu_ps(p.add(r * KEY_BLOCK + c));
-                let hi =
-                    if c + 16 < keys { _mm512_loadu_ps(p.add(r * KEY_BLOCK + c + 16)) } else { _mm512_setzero_ps() };
-                let packed = _mm512_cvtne2ps_pbh(hi, lo);
-                _mm512_storeu_si512(
-                    out.add(r * (KEY_BLOCK / 2) + c / 2).cast(),
-                    _mm512_castps_si512(core::mem::transmute::<__m512bh, __m512>(packed)),
-                );
-            }
         }
     }
 }

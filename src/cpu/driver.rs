@@ -1,15 +1,14 @@
 //! The blocked loop of one work item (FlashAttention's tiling on the CPU): pack a block of query
-//! rows once, stream key/value blocks through the kernel's two products and the online softmax,
-//! normalise, write the rows out.
+//! rows once, stream the (already packed) key/value blocks through the kernel's two products and
+//! the online softmax, normalise, write the rows out.
 
-use super::softmax::{self, RowState, ScoreMap};
+use super::softmax::{RowState, ScoreMap};
 use super::tile::{round_up, TileKernel};
 use super::workspace::Carver;
 use crate::element::Element;
 use crate::layout::{LseMut, Rows, RowsMut};
 use crate::problem::{Problem, Sequence};
 use core::ops::Range;
-use pulp::Simd;
 
 /// The tensors of one call, shared by its work items.
 #[derive(Clone, Copy)]
@@ -30,14 +29,30 @@ pub(crate) struct WorkItem {
     pub rows: Range<usize>,
 }
 
-/// Workspace bytes one work item needs (in 64-byte lines), for [`attend`].
+/// The packed key/value blocks of one (sequence, kv head): block `i` holds keys
+/// `i * KEY_BLOCK..` of the sequence, K first, then V.
+pub(crate) struct PackedKv<'a, P> {
+    pub blocks: &'a [P],
+    /// Whether each block's values are all finite.
+    pub finite: &'a [bool],
+    pub k_len: usize,
+    pub slot: usize,
+}
+
+impl<P> PackedKv<'_, P> {
+    fn block(&self, i: usize) -> (&[P], &[P], bool) {
+        let slot = &self.blocks[i * self.slot..(i + 1) * self.slot];
+        let (k, v) = slot.split_at(self.k_len);
+        (k, v, self.finite[i])
+    }
+}
+
+/// Workspace one work item needs (in 64-byte lines), for [`attend`].
 pub(crate) fn workspace_lines<T: Element, K: TileKernel<T>>(d: usize, dv: usize) -> usize {
     let packed = core::mem::size_of::<K::Packed>();
     let f32s = core::mem::size_of::<f32>();
     let lines = |bytes: usize| bytes.div_ceil(64);
     lines(K::QUERY_BLOCK * K::q_stride(d) * packed)
-        + lines(K::k_len(d) * packed)
-        + lines(K::v_len(dv) * packed)
         + lines(K::p_len() * packed)
         + lines(K::QUERY_BLOCK * K::KEY_BLOCK * f32s)
         + lines(K::QUERY_BLOCK * K::o_stride(dv) * f32s)
@@ -49,12 +64,12 @@ pub(crate) fn workspace_lines<T: Element, K: TileKernel<T>>(d: usize, dv: usize)
 /// # Safety
 /// No other thread may access the output rows (or LSE entries) of `item` during the call.
 #[inline(always)]
-pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
-    simd: S,
+pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
     kernel: K,
     problem: &Problem,
     io: &Io<T>,
     item: &WorkItem,
+    kv: &PackedKv<K::Packed>,
     workspace: &mut Carver,
 ) {
     let (d, dv) = (problem.head_dim, problem.head_dim_v);
@@ -65,9 +80,7 @@ pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
     debug_assert!(rows <= K::QUERY_BLOCK);
 
     let q = workspace.take::<K::Packed>(K::QUERY_BLOCK * K::q_stride(d));
-    let k = workspace.take::<K::Packed>(K::k_len(d));
-    let v = workspace.take::<K::Packed>(K::v_len(dv));
-    let p_scratch = workspace.take::<K::Packed>(K::p_len());
+    let p = workspace.take::<K::Packed>(K::p_len());
     let scores = workspace.take::<f32>(K::QUERY_BLOCK * K::KEY_BLOCK);
     let o_stride = K::o_stride(dv);
     let o = workspace.take::<f32>(K::QUERY_BLOCK * o_stride);
@@ -83,13 +96,12 @@ pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
     let map = ScoreMap { scale: problem.scale, softcap: problem.softcap };
     let mask = problem.mask;
     let keys = mask.visible_keys_of_block(item.rows.clone(), lq, lk);
+    let blocks = if keys.is_empty() { 0..0 } else { keys.start / K::KEY_BLOCK..keys.end.div_ceil(K::KEY_BLOCK) };
 
-    for start in keys.clone().step_by(K::KEY_BLOCK) {
-        let block = start..(start + K::KEY_BLOCK).min(keys.end);
+    for index in blocks {
+        let block = index * K::KEY_BLOCK..((index + 1) * K::KEY_BLOCK).min(lk);
         let width = round_up(block.len(), K::STRIP);
-        let k_tokens = seq.k_start + block.start..seq.k_start + block.end;
-        kernel.pack_k(&io.k, k_tokens.clone(), kv_head, k);
-        let v_finite = kernel.pack_v(&io.v, k_tokens.clone(), kv_head, v);
+        let (k, v, v_finite) = kv.block(index);
         kernel.scores(q, k, rows, d, width, scores);
 
         let unmasked = block.len() == width && mask.block_is_unmasked(item.rows.clone(), block.clone(), lq, lk);
@@ -102,22 +114,21 @@ pub(crate) unsafe fn attend<S: Simd, T: Element, K: TileKernel<T>>(
             Some(clip(seen.start)..clip(seen.end))
         };
         let mut state = RowState { max, sum, alpha };
-        softmax::update(simd, scores, K::KEY_BLOCK, rows, width, map, visible, &mut state);
+        kernel.softmax(scores, p, rows, width, map, &visible, &mut state);
 
         if v_finite {
-            kernel.accumulate(scores, p_scratch, v, alpha, rows, width, dv, o);
+            kernel.accumulate(scores, p, v, alpha, rows, width, dv, o);
         } else {
             // 0 · inf is NaN: a non-finite value must reach only the rows that see its key, so
             // this block skips the keys each row does not see. Rare, so plain scalar code.
             for r in 0..rows {
                 let o_row = &mut o[r * o_stride..r * o_stride + dv];
                 o_row.iter_mut().for_each(|x| *x *= alpha[r]);
-                let seen = visible(r).unwrap_or(0..block.len());
-                for j in seen {
-                    let p = scores[r * K::KEY_BLOCK + j];
-                    let value = io.v.row(k_tokens.start + j, kv_head);
+                for j in visible(r).unwrap_or(0..block.len()) {
+                    let weight = kernel.probability(scores, p, r, j);
+                    let value = io.v.row(seq.k_start + block.start + j, kv_head);
                     for (x, &vv) in o_row.iter_mut().zip(value.iter()) {
-                        *x += p * vv.to_f32();
+                        *x += weight * vv.to_f32();
                     }
                 }
             }

@@ -6,6 +6,7 @@
 //! row is `W` keys wide per register); V `[key][dv padded to W]`; the accumulator
 //! `[row][dv padded to W]`.
 
+use super::softmax::{self, RowState, ScoreMap};
 use super::tile::{round_up, TileKernel};
 use crate::element::Element;
 use crate::layout::Rows;
@@ -64,6 +65,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         0
     }
 
+    #[inline(always)]
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
         let d = q.row(tokens.start, head).len();
         for (r, token) in tokens.enumerate() {
@@ -71,6 +73,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         }
     }
 
+    #[inline(always)]
     fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
         let w = S::F32_LANES;
         let n = tokens.len();
@@ -86,6 +89,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         }
     }
 
+    #[inline(always)]
     fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) -> bool {
         let dv = v.row(tokens.start, head).len();
         let stride = <Self as TileKernel<T>>::o_stride(dv);
@@ -97,6 +101,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         dst[..width * stride].iter().all(|x| x.is_finite())
     }
 
+    #[inline(always)]
     fn scores(&self, q: &[f32], k: &[f32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {
         let w = S::F32_LANES;
         let strips = keys / w;
@@ -128,10 +133,30 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         }
     }
 
+    #[inline(always)]
+    fn softmax(
+        &self,
+        s: &mut [f32],
+        _p: &mut [f32],
+        rows: usize,
+        keys: usize,
+        map: ScoreMap,
+        visible: &dyn Fn(usize) -> Option<Range<usize>>,
+        state: &mut RowState<'_>,
+    ) {
+        softmax::update(self.simd, s, KEY_BLOCK, rows, keys, map, visible, state);
+    }
+
+    #[inline(always)]
+    fn probability(&self, s: &[f32], _p: &[f32], r: usize, j: usize) -> f32 {
+        s[r * KEY_BLOCK + j]
+    }
+
+    #[inline(always)]
     fn accumulate(
         &self,
         p: &[f32],
-        _p_scratch: &mut [f32],
+        _p: &[f32],
         v: &[f32],
         alpha: &[f32],
         rows: usize,

@@ -12,9 +12,12 @@ mod amx;
 mod bf16dot;
 mod driver;
 mod fma;
+mod kv_cache;
 mod math;
 pub(crate) mod peak;
 mod softmax;
+#[cfg(target_arch = "x86_64")]
+mod softmax_bf16;
 mod tile;
 mod workspace;
 
@@ -114,57 +117,143 @@ impl<T: Element> WithSimd for Portable<'_, '_, T> {
     }
 }
 
+/// Upper bound on the packed K/V of one wave (unless a single sequence needs more): the
+/// cached packing buffer never grows past it for ordinary inputs.
+const WAVE_BYTES: usize = 64 << 20;
+
 /// Runs every work item of `problem`, in parallel when it is worth it.
+///
+/// The (sequence, kv head) pairs are processed in waves whose packed K/V fits [`WAVE_BYTES`]:
+/// first every key block of the wave is packed once (in parallel), then every query block of
+/// the wave streams through them.
 fn run<S: Simd, T: Element, K: TileKernel<T>>(simd: S, kernel: K, problem: &Problem, io: &Io<T>) {
-    let lines = driver::workspace_lines::<T, K>(problem.head_dim, problem.head_dim_v);
-    let heads = problem.num_heads;
-    // Work items are (sequence, head) pairs `bh`, each cut into blocks of query rows.
-    let blocks = |bh: usize| problem.sequence(bh / heads).q_len.div_ceil(K::QUERY_BLOCK);
-    let process = |bh: usize, block: usize| {
-        let sequence = problem.sequence(bh / heads);
-        let rows = block * K::QUERY_BLOCK..((block + 1) * K::QUERY_BLOCK).min(sequence.q_len);
-        let item = WorkItem { sequence, head: bh % heads, rows };
-        workspace::with_workspace(lines, |carver| {
-            simd.vectorize(Attend { kernel, problem, io, item: &item, carver });
-        })
-    };
-    let pairs = problem.batch() * heads;
+    let (d, dv) = (problem.head_dim, problem.head_dim_v);
+    let lines = driver::workspace_lines::<T, K>(d, dv);
+    let (kv_heads, group) = (problem.num_kv_heads, problem.group_size());
+    let k_len = K::k_len(d);
+    let slot = k_len + K::v_len(dv);
+    let slot_bytes = slot * core::mem::size_of::<K::Packed>();
+    let pairs = problem.batch() * kv_heads;
+    let key_blocks = |pair: usize| problem.sequence(pair / kv_heads).k_len.div_ceil(K::KEY_BLOCK);
+    let query_blocks = |pair: usize| problem.sequence(pair / kv_heads).q_len.div_ceil(K::QUERY_BLOCK);
+
     let work: f64 = (0..problem.batch())
         .map(|b| {
             let s = problem.sequence(b);
             (s.q_len * s.k_len) as f64
         })
         .sum::<f64>()
-        * (heads * (problem.head_dim + problem.head_dim_v)) as f64;
-    if work < PARALLEL_MIN_WORK || rayon::current_num_threads() == 1 {
-        for bh in 0..pairs {
-            (0..blocks(bh)).for_each(|block| process(bh, block));
+        * (problem.num_heads * (d + dv)) as f64;
+    let parallel = work >= PARALLEL_MIN_WORK && rayon::current_num_threads() > 1;
+
+    kv_cache::with_cache(|cache| {
+        let mut first = 0;
+        while first < pairs {
+            // The wave: pairs first..last, at least one.
+            let mut last = first;
+            let mut blocks = 0;
+            cache.offsets.clear();
+            cache.offsets.push(0);
+            while last < pairs && (last == first || (blocks + key_blocks(last)) * slot_bytes <= WAVE_BYTES) {
+                blocks += key_blocks(last);
+                cache.offsets.push(blocks);
+                last += 1;
+            }
+            let (packed, finite, offsets) = cache.buffers::<K::Packed>(blocks * slot, blocks);
+
+            // Phase 1: pack each key block of the wave once.
+            let pack = |index: usize, slot_data: &mut [K::Packed], finite: &mut bool| {
+                let w = offsets.partition_point(|&o| o <= index) - 1;
+                let pair = first + w;
+                let sequence = problem.sequence(pair / kv_heads);
+                let start = sequence.k_start + (index - offsets[w]) * K::KEY_BLOCK;
+                let tokens = start..(start + K::KEY_BLOCK).min(sequence.k_start + sequence.k_len);
+                let (k, v) = slot_data.split_at_mut(k_len);
+                simd.vectorize(Pack { kernel, io, tokens, head: pair % kv_heads, k, v, finite });
+            };
+            if parallel {
+                packed
+                    .par_chunks_mut(slot)
+                    .zip(finite.par_iter_mut())
+                    .enumerate()
+                    .for_each(|(i, (c, f))| pack(i, c, f));
+            } else {
+                packed.chunks_mut(slot).zip(finite.iter_mut()).enumerate().for_each(|(i, (c, f))| pack(i, c, f));
+            }
+
+            // Phase 2: every query block of every head reading this wave's pairs.
+            let (packed, finite) = (&*packed, &*finite);
+            let process = |w: usize, head_in_group: usize, block: usize| {
+                let pair = first + w;
+                let sequence = problem.sequence(pair / kv_heads);
+                let rows = block * K::QUERY_BLOCK..((block + 1) * K::QUERY_BLOCK).min(sequence.q_len);
+                let item = WorkItem { sequence, head: (pair % kv_heads) * group + head_in_group, rows };
+                let kv = driver::PackedKv {
+                    blocks: &packed[offsets[w] * slot..offsets[w + 1] * slot],
+                    finite: &finite[offsets[w]..offsets[w + 1]],
+                    k_len,
+                    slot,
+                };
+                workspace::with_workspace(lines, |carver| {
+                    simd.vectorize(Attend { kernel, problem, io, item: &item, kv: &kv, carver });
+                })
+            };
+            let heads_of_wave = (last - first) * group;
+            if parallel {
+                // Nested ranges rather than a list of items: nothing to allocate, and rayon's
+                // work stealing balances sequences of very different lengths.
+                (0..heads_of_wave).into_par_iter().for_each(|wh| {
+                    let (w, h) = (wh / group, wh % group);
+                    (0..query_blocks(first + w)).into_par_iter().for_each(|block| process(w, h, block));
+                });
+            } else {
+                for wh in 0..heads_of_wave {
+                    let (w, h) = (wh / group, wh % group);
+                    (0..query_blocks(first + w)).for_each(|block| process(w, h, block));
+                }
+            }
+            first = last;
         }
-    } else {
-        // Nested ranges rather than a list of items: nothing to allocate, and rayon's work
-        // stealing balances sequences of very different lengths.
-        (0..pairs).into_par_iter().for_each(|bh| {
-            (0..blocks(bh)).into_par_iter().for_each(|block| process(bh, block));
-        });
+    });
+}
+
+/// Packs one key block inside the instruction set's `target_feature` context.
+struct Pack<'a, 'io, T: Element, K: TileKernel<T>> {
+    kernel: K,
+    io: &'a Io<'io, T>,
+    tokens: core::ops::Range<usize>,
+    head: usize,
+    k: &'a mut [K::Packed],
+    v: &'a mut [K::Packed],
+    finite: &'a mut bool,
+}
+
+impl<T: Element, K: TileKernel<T>> WithSimd for Pack<'_, '_, T, K> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, _simd: S) {
+        self.kernel.pack_k(&self.io.k, self.tokens.clone(), self.head, self.k);
+        *self.finite = self.kernel.pack_v(&self.io.v, self.tokens, self.head, self.v);
     }
 }
 
 /// One work item inside the instruction set's `target_feature` context.
-struct Attend<'a, 'p, 'io, 'w, T, K> {
+struct Attend<'a, 'p, 'io, 'w, T: Element, K: TileKernel<T>> {
     kernel: K,
     problem: &'a Problem<'p>,
     io: &'a Io<'io, T>,
     item: &'a WorkItem,
+    kv: &'a driver::PackedKv<'a, K::Packed>,
     carver: &'a mut workspace::Carver<'w>,
 }
 
 impl<T: Element, K: TileKernel<T>> WithSimd for Attend<'_, '_, '_, '_, T, K> {
     type Output = ();
     #[inline(always)]
-    fn with_simd<S: Simd>(self, simd: S) {
+    fn with_simd<S: Simd>(self, _simd: S) {
         // SAFETY: every work item covers its own (rows, head) of the output: sequences own
         // disjoint token ranges (validated cu_seqlens), heads are distinct, and the query blocks
         // of one sequence are disjoint. No two items run on the same rows.
-        unsafe { driver::attend(simd, self.kernel, self.problem, self.io, self.item, self.carver) }
+        unsafe { driver::attend(self.kernel, self.problem, self.io, self.item, self.kv, self.carver) }
     }
 }

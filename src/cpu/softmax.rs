@@ -18,7 +18,7 @@ pub(crate) struct ScoreMap {
 
 impl ScoreMap {
     /// The factor from (possibly soft-capped) scores to base-2 logits.
-    fn log2_factor(&self) -> f32 {
+    pub fn log2_factor(&self) -> f32 {
         match self.softcap {
             Some(_) => core::f32::consts::LOG2_E,
             None => self.scale * core::f32::consts::LOG2_E,
@@ -42,6 +42,7 @@ pub(crate) struct RowState<'a> {
 /// `visible(r)` gives the columns row `r` may see, or `None` when all `keys` are visible;
 /// other columns get probability 0.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn update<S: Simd>(
     simd: S,
     scores: &mut [f32],
@@ -49,7 +50,7 @@ pub(crate) fn update<S: Simd>(
     rows: usize,
     keys: usize,
     map: ScoreMap,
-    visible: impl Fn(usize) -> Option<Range<usize>>,
+    visible: &dyn Fn(usize) -> Option<Range<usize>>,
     state: &mut RowState<'_>,
 ) {
     let factor = map.log2_factor();
@@ -73,6 +74,29 @@ pub(crate) fn update<S: Simd>(
         state.sum[r] = state.sum[r] * alpha + block_sum;
         state.max[r] = new_max;
         state.alpha[r] = alpha;
+    }
+}
+
+/// Soft-caps `rows` rows of `keys` scores (row stride `stride`) in place, as an operation to
+/// run under pulp's dispatch.
+pub(crate) struct SoftCap<'a> {
+    pub scores: &'a mut [f32],
+    pub stride: usize,
+    pub rows: usize,
+    pub keys: usize,
+    pub map: ScoreMap,
+}
+
+impl pulp::WithSimd for SoftCap<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        if let Some(cap) = self.map.softcap {
+            for r in 0..self.rows {
+                let row = &mut self.scores[r * self.stride..r * self.stride + self.keys];
+                soft_cap(simd, row, self.map.scale / cap, cap);
+            }
+        }
     }
 }
 

@@ -5,12 +5,17 @@
 //! Shapes, for a block of `rows` (at most `QUERY_BLOCK`) query rows and up to `KEY_BLOCK` keys:
 //! - `scores`: `S[r][j] = Σ_d Q[r][d] K[j][d]` (unscaled), written row-major with row stride
 //!   `KEY_BLOCK`, for `keys` columns (a multiple of [`TileKernel::STRIP`]).
-//! - `accumulate`: `O[r][:] = alpha[r] · O[r][:] + Σ_j P[r][j] V[j][:]` where `P` is the
-//!   probability tile left by the softmax in the score buffer.
+//! - `softmax`: the online softmax over the block (shared code in `softmax.rs`), leaving the
+//!   probabilities where `accumulate` wants them;
+//! - `accumulate`: `O[r][:] = alpha[r] · O[r][:] + Σ_j P[r][j] V[j][:]`.
+//!
+//! K and V are packed once per call, block by block (`pack_k`, `pack_v`), and shared by every
+//! query block that reads them.
 //!
 //! Packed buffers come from the caller's workspace, sized by the `*_len` functions; packers
 //! fill every element they own (padding with zeros), so stale workspace contents never leak.
 
+use super::softmax::{RowState, ScoreMap};
 use crate::element::Element;
 use crate::layout::Rows;
 use core::ops::Range;
@@ -18,7 +23,7 @@ use core::ops::Range;
 /// One instruction set's packing and matrix products.
 pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
     /// Element of the packed operands.
-    type Packed: bytemuck::Pod;
+    type Packed: bytemuck::Pod + Send + Sync;
 
     /// Query rows per work item.
     const QUERY_BLOCK: usize;
@@ -50,13 +55,30 @@ pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
     /// Writes raw scores for `rows` rows and `keys` key columns into `s` (row stride
     /// `KEY_BLOCK`).
     fn scores(&self, q: &[Self::Packed], k: &[Self::Packed], rows: usize, d: usize, keys: usize, s: &mut [f32]);
-    /// Rescales and accumulates `P·V` into `o` (row stride `o_stride(dv)`); `p` holds the
-    /// probabilities (row stride `KEY_BLOCK`), `p_scratch` is room for a packed copy.
+    /// The online softmax of one block (see `softmax::update` for the contract): reads the
+    /// scores `s` (row stride `KEY_BLOCK`), may overwrite them, and leaves the probabilities
+    /// in `s` or `p`, wherever [`TileKernel::accumulate`] and [`TileKernel::probability`] read
+    /// them.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax(
+        &self,
+        s: &mut [f32],
+        p: &mut [Self::Packed],
+        rows: usize,
+        keys: usize,
+        map: ScoreMap,
+        visible: &dyn Fn(usize) -> Option<Range<usize>>,
+        state: &mut RowState<'_>,
+    );
+    /// The probability of row `r`, key `j` after [`TileKernel::softmax`].
+    fn probability(&self, s: &[f32], p: &[Self::Packed], r: usize, j: usize) -> f32;
+    /// Rescales and accumulates `P·V` into `o` (row stride `o_stride(dv)`), with the
+    /// probabilities as [`TileKernel::softmax`] left them.
     #[allow(clippy::too_many_arguments)]
     fn accumulate(
         &self,
-        p: &[f32],
-        p_scratch: &mut [Self::Packed],
+        s: &[f32],
+        p: &[Self::Packed],
         v: &[Self::Packed],
         alpha: &[f32],
         rows: usize,

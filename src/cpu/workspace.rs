@@ -8,6 +8,10 @@ use core::cell::RefCell;
 #[repr(C, align(64))]
 pub(crate) struct Line([u8; 64]);
 
+impl Line {
+    pub const ZERO: Line = Line([0; 64]);
+}
+
 thread_local! {
     static WORKSPACE: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
@@ -17,12 +21,12 @@ pub(crate) fn with_workspace<R>(lines: usize, f: impl FnOnce(&mut Carver) -> R) 
     WORKSPACE.with(|cell| match cell.try_borrow_mut() {
         Ok(mut buffer) => {
             if buffer.len() < lines {
-                buffer.resize(lines, Line([0; 64]));
+                buffer.resize(lines, Line::ZERO);
             }
             f(&mut Carver { rest: &mut buffer[..] })
         }
         // Only reachable if a caller nests calls on one thread; stay correct, pay an allocation.
-        Err(_) => f(&mut Carver { rest: &mut vec![Line([0; 64]); lines][..] }),
+        Err(_) => f(&mut Carver { rest: &mut vec![Line::ZERO; lines][..] }),
     })
 }
 
