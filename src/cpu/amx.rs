@@ -378,7 +378,7 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
     }
 }
 
-const _: () = assert!(KEY_BLOCK == 4 * 32 && QUERY_BLOCK.is_multiple_of(32));
+const _: () = assert!(KEY_BLOCK <= 4 * 32 && KEY_BLOCK.is_multiple_of(32) && QUERY_BLOCK.is_multiple_of(32));
 
 /// Rescales the accumulator rows by `alpha` (skipped where alpha is 1).
 ///

@@ -137,7 +137,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     fn softmax(
         &self,
         s: &mut [f32],
-        _p: &mut [f32],
+        _packed: &mut [f32],
         rows: usize,
         keys: usize,
         map: ScoreMap,
@@ -148,7 +148,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     }
 
     #[inline(always)]
-    fn probability(&self, s: &[f32], _p: &[f32], r: usize, j: usize) -> f32 {
+    fn probability(&self, s: &[f32], _packed: &[f32], r: usize, j: usize) -> f32 {
         s[r * KEY_BLOCK + j]
     }
 
@@ -156,7 +156,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     fn accumulate(
         &self,
         p: &[f32],
-        _p: &[f32],
+        _packed: &[f32],
         v: &[f32],
         alpha: &[f32],
         rows: usize,

@@ -30,73 +30,108 @@ pub(crate) unsafe fn update(
     assert!(keys.is_multiple_of(16) && keys <= stride && keys <= 128);
     assert!(s.len() >= rows * stride && p.len() >= rows * stride / 2);
     for r in 0..rows {
-        let row = &mut s[r * stride..r * stride + keys];
         if let Some(seen) = visible(r) {
+            let row = &mut s[r * stride..r * stride + keys];
             row[..seen.start].fill(f32::NEG_INFINITY);
             row[seen.end..].fill(f32::NEG_INFINITY);
         }
-        let out = &mut p[r * stride / 2..(r + 1) * stride / 2];
-        let (old_max, old_sum) = (state.max[r], state.sum[r]);
-        macro_rules! dispatch {
-            ($($n:literal),*) => {
-                match keys / 16 {
-                    // SAFETY: features as above; row holds $n × 16 scores, out $n × 8 (rounded
-                    // up to whole 16s) u32 within the row stride.
-                    $($n => unsafe { row_update::<$n>(row, out, factor, old_max, old_sum) },)*
-                    _ => unreachable!(),
-                }
+    }
+    macro_rules! dispatch {
+        ($($n:literal),*) => {
+            match keys / 16 {
+                // SAFETY: features as above; s holds rows × stride f32 with 16·$n <= stride,
+                // p rows × stride / 2 u32 (asserted).
+                $($n => unsafe { rows_update::<$n>(s, stride, p, rows, factor, state) },)*
+                _ => unreachable!(),
+            }
+        };
+    }
+    dispatch!(1, 2, 3, 4, 5, 6, 7, 8);
+}
+
+/// All rows of `16 N` scores, with the constants of the loop held in registers.
+///
+/// # Safety
+/// AVX-512F/BF16 present; `s` holds `rows × stride` f32 and `p` `rows × stride / 2` u32, with
+/// `16 N <= stride` and `8 N` rounded up to 16 at most `stride / 2`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn rows_update<const N: usize>(
+    s: &[f32],
+    stride: usize,
+    p: &mut [u32],
+    rows: usize,
+    factor: f32,
+    state: &mut RowState<'_>,
+) {
+    assert!(s.len() >= rows * stride && p.len() >= rows * stride / 2 && 16 * N <= stride);
+    assert!((8 * N).next_multiple_of(16) <= stride / 2);
+    let f = _mm512_set1_ps(factor);
+    let load = |r: usize| -> [__m512; N] {
+        let row = s[r * stride..].as_ptr();
+        // SAFETY: n < N: 16 N <= stride, inside row r (asserted).
+        core::array::from_fn(|n| unsafe { _mm512_loadu_ps(row.add(16 * n)) })
+    };
+    // Two passes over the rows, so that each row's chain (max, then exponentials, then sum)
+    // overlaps with its neighbours' instead of running back to back. Pass 1 leaves each
+    // row's block max in `alpha`.
+    for r in 0..rows {
+        state.alpha[r] =
+            _mm512_cvtss_f32(all_lanes(tree(load(r), |a, b| _mm512_max_ps(a, b)), |a, b| _mm512_max_ps(a, b))) * factor;
+    }
+    for r in 0..rows {
+        let x = load(r);
+        let old_max = state.max[r];
+        let new_max = old_max.max(state.alpha[r]);
+        // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
+        let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
+        // The running max rarely moves after the first blocks: skip the exp2 then.
+        let alpha = if old_max == new_max && shift == new_max { 1.0 } else { (old_max - shift).exp2() };
+
+        let neg_shift = _mm512_set1_ps(-shift);
+        let probabilities: [__m512; N] = core::array::from_fn(|n| exp2(_mm512_fmadd_ps(x[n], f, neg_shift)));
+        let out = p[r * stride / 2..].as_mut_ptr();
+        for pair in 0..N.div_ceil(2) {
+            let lo = probabilities[2 * pair];
+            let hi = if 2 * pair + 1 < N { probabilities[2 * pair + 1] } else { _mm512_setzero_ps() };
+            // SAFETY: 16 u32 at 16·pair < stride / 2: inside row r of p (asserted); __m512bh
+            // and __m512 are both 512-bit vectors with no invalid bit patterns.
+            unsafe {
+                let packed = core::mem::transmute::<__m512bh, __m512>(_mm512_cvtne2ps_pbh(hi, lo));
+                _mm512_storeu_ps(out.add(16 * pair).cast(), packed)
             };
         }
-        let (max, sum, alpha) = dispatch!(1, 2, 3, 4, 5, 6, 7, 8);
-        state.max[r] = max;
-        state.sum[r] = sum;
+        state.sum[r] = state.sum[r] * alpha
+            + _mm512_cvtss_f32(all_lanes(tree(probabilities, |a, b| _mm512_add_ps(a, b)), |a, b| _mm512_add_ps(a, b)));
+        state.max[r] = new_max;
         state.alpha[r] = alpha;
     }
 }
 
-/// One row of `16 N` scores: returns the new max, the new sum and alpha.
-///
-/// # Safety
-/// AVX-512F/BF16 present; `row` holds `16 N` f32 and `out` at least `8 N` u32 rounded up to 16.
+/// Combines the 16 lanes of `v` with `op` in four shuffle steps; every lane holds the result.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn row_update<const N: usize>(
-    row: &[f32],
-    out: &mut [u32],
-    factor: f32,
-    old_max: f32,
-    old_sum: f32,
-) -> (f32, f32, f32) {
-    assert!(row.len() >= 16 * N && out.len() >= (8 * N).next_multiple_of(16));
-    // SAFETY: n < N: inside row (asserted).
-    let x: [__m512; N] = core::array::from_fn(|n| unsafe { _mm512_loadu_ps(row.as_ptr().add(16 * n)) });
-    let mut m = x[0];
-    for v in &x[1..] {
-        m = _mm512_max_ps(m, *v);
-    }
-    let block_max = _mm512_reduce_max_ps(m) * factor;
-    let new_max = old_max.max(block_max);
-    // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
-    let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-    let alpha = (old_max - shift).exp2();
+#[target_feature(enable = "avx512f")]
+fn all_lanes(v: __m512, op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
+    let v = op(v, _mm512_shuffle_f32x4::<0b01_00_11_10>(v, v));
+    let v = op(v, _mm512_shuffle_f32x4::<0b10_11_00_01>(v, v));
+    let v = op(v, _mm512_permute_ps::<0b01_00_11_10>(v));
+    op(v, _mm512_permute_ps::<0b10_11_00_01>(v))
+}
 
-    let (f, neg_shift) = (_mm512_set1_ps(factor), _mm512_set1_ps(-shift));
-    let mut sum = _mm512_setzero_ps();
-    let probabilities: [__m512; N] = core::array::from_fn(|n| {
-        let p = exp2(_mm512_fmadd_ps(x[n], f, neg_shift));
-        sum = _mm512_add_ps(sum, p);
-        p
-    });
-    for pair in 0..N.div_ceil(2) {
-        let lo = probabilities[2 * pair];
-        let hi = if 2 * pair + 1 < N { probabilities[2 * pair + 1] } else { _mm512_setzero_ps() };
-        let packed = _mm512_cvtne2ps_pbh(hi, lo);
-        // SAFETY: 16 u32 at 16·pair < out.len() (asserted).
-        unsafe {
-            _mm512_storeu_ps(out.as_mut_ptr().add(16 * pair).cast(), core::mem::transmute::<__m512bh, __m512>(packed))
-        };
+/// Combines `N` vectors with `op` in two interleaved chains (half the latency of one), with
+/// loops the compiler unrolls (`N` is a constant) so that nothing leaves the registers.
+#[inline(always)]
+fn tree<const N: usize>(v: [__m512; N], op: impl Fn(__m512, __m512) -> __m512) -> __m512 {
+    if N == 1 {
+        return v[0];
     }
-    (new_max, old_sum * alpha + _mm512_reduce_add_ps(sum), alpha)
+    let (mut a, mut b) = (v[0], v[1]);
+    for n in (2..N).step_by(2) {
+        a = op(a, v[n]);
+        if n + 1 < N {
+            b = op(b, v[n + 1]);
+        }
+    }
+    op(a, b)
 }
 
 /// `2^x` lane by lane, as `math::exp2` (same polynomial) with AVX-512's `vscalefps` applying
