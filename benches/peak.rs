@@ -1,5 +1,5 @@
-//! The machine's arithmetic peaks, the denominators of every "% of peak" figure: `vdpbf16ps`
-//! (bf16 dot product, AVX-512 BF16) and f32 FMA, on 1 and 2 threads.
+//! The machine's arithmetic peaks, the denominators of every "% of peak" figure: AMX
+//! `tdpbf16ps`, `vdpbf16ps` (bf16 dot product, AVX-512 BF16) and f32 FMA, on 1 and 2 threads.
 //!
 //! `cargo bench --bench peak`
 
@@ -12,7 +12,7 @@ fn main() {
         return;
     }
     println!("{:<12} {:>8} {:>12}", "unit", "threads", "GFLOP/s");
-    for unit in [PeakUnit::Bf16Dot, PeakUnit::F32Fma] {
+    for unit in [PeakUnit::AmxBf16, PeakUnit::Bf16Dot, PeakUnit::F32Fma] {
         for threads in [1, 2] {
             match measure_peak(unit, threads, Duration::from_millis(500)) {
                 Some(flops) => println!("{:<12} {:>8} {:>12.1}", format!("{unit:?}"), threads, flops / 1e9),

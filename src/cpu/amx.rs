@@ -149,6 +149,30 @@ macro_rules! tile_zero {
     };
 }
 
+/// One batch of tile dot products on four independent accumulators (no memory traffic), for
+/// the peak microbenchmark; returns its FLOP. Requires [`available`].
+pub(crate) fn peak_batch() -> f64 {
+    const BATCH: usize = 4096;
+    assert!(available());
+    // SAFETY: AMX is usable (asserted); the tiles hold whatever bits they start with (zeroed),
+    // no memory is touched besides the configuration.
+    unsafe {
+        configure_tiles();
+        tile_zero!("4");
+        tile_zero!("5");
+        tile_zero!("6");
+        tile_zero!("7");
+        for _ in 0..BATCH {
+            tile_dot!("0", "4", "6");
+            tile_dot!("1", "4", "7");
+            tile_dot!("2", "5", "6");
+            tile_dot!("3", "5", "7");
+        }
+        release_tiles();
+    }
+    (BATCH * 4 * 16 * 16 * 32 * 2) as f64
+}
+
 /// The bf16 bit pattern of `x` (exact: `T` is bf16).
 #[inline(always)]
 fn bits<T: Element>(x: T) -> u16 {

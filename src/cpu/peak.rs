@@ -15,6 +15,8 @@ pub enum PeakUnit {
     Bf16Dot,
     /// f32 fused multiply-add on the widest registers pulp dispatches to.
     F32Fma,
+    /// AMX `tdpbf16ps` on 16×16 tiles (16 384 FLOP per instruction), operands in tiles.
+    AmxBf16,
 }
 
 /// Independent accumulators per thread: 2 FMA pipes × 4-5 cycles latency, with room to spare.
@@ -36,6 +38,9 @@ pub fn measure_peak(unit: PeakUnit, threads: usize, duration: Duration) -> Optio
         PeakUnit::Bf16Dot if bf16_dot_available() => bf16_dot_batch_checked,
         PeakUnit::Bf16Dot => return None,
         PeakUnit::F32Fma => || pulp::Arch::new().dispatch(FmaBatch),
+        #[cfg(target_arch = "x86_64")]
+        PeakUnit::AmxBf16 if super::amx::available() => super::amx::peak_batch,
+        PeakUnit::AmxBf16 => return None,
     };
     let threads = threads.max(1);
     let results: Vec<(f64, Duration)> = std::thread::scope(|scope| {
