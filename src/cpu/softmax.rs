@@ -28,7 +28,7 @@ impl ScoreMap {
 
 /// Running state of the rows of one query block.
 pub(crate) struct RowState<'a> {
-    /// Running max, base-2 units (`-inf` before the first visible key).
+    /// Running max of the logits, base-2 units (`-inf` before the first visible key).
     pub max: &'a mut [f32],
     /// Running denominator, relative to `2^max`.
     pub sum: &'a mut [f32],

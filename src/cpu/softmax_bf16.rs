@@ -66,26 +66,30 @@ unsafe fn rows_update<const N: usize>(
     assert!(s.len() >= rows * stride && p.len() >= rows * stride / 2 && 16 * N <= stride);
     assert!((8 * N).next_multiple_of(16) <= stride / 2);
     let f = _mm512_set1_ps(factor);
-    let load = |r: usize| -> [__m512; N] {
+    for r in 0..rows {
         let row = s[r * stride..].as_ptr();
         // SAFETY: n < N: 16 N <= stride, inside row r (asserted).
-        core::array::from_fn(|n| unsafe { _mm512_loadu_ps(row.add(16 * n)) })
-    };
-    // Two passes over the rows, so that each row's chain (max, then exponentials, then sum)
-    // overlaps with its neighbours' instead of running back to back. Pass 1 leaves each
-    // row's block max in `alpha`.
-    for r in 0..rows {
-        state.alpha[r] =
-            _mm512_cvtss_f32(all_lanes(tree(load(r), |a, b| _mm512_max_ps(a, b)), |a, b| _mm512_max_ps(a, b))) * factor;
-    }
-    for r in 0..rows {
-        let x = load(r);
+        let x: [__m512; N] = core::array::from_fn(|n| unsafe { _mm512_loadu_ps(row.add(16 * n)) });
         let old_max = state.max[r];
-        let new_max = old_max.max(state.alpha[r]);
-        // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
+        // After the first blocks the running max rarely moves: one compare per vector finds
+        // out, and saves the max reduction, the rescale and the dependency between them. (Not
+        // FlashAttention-4's lazy rescaling, which lets the reference lag the max: that rounds
+        // the largest probability to bf16 too, and costs measurable accuracy.)
+        let keep = old_max != f32::NEG_INFINITY && {
+            let limit = _mm512_set1_ps(old_max / factor);
+            x.iter().fold(0, |any, &v| any | _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, limit)) == 0
+        };
+        let (new_max, alpha) = if keep {
+            (old_max, 1.0)
+        } else {
+            let block_max =
+                _mm512_cvtss_f32(all_lanes(tree(x, |a, b| _mm512_max_ps(a, b)), |a, b| _mm512_max_ps(a, b)));
+            let new_max = old_max.max(block_max * factor);
+            // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
+            let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
+            (new_max, (old_max - shift).exp2())
+        };
         let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-        // The running max rarely moves after the first blocks: skip the exp2 then.
-        let alpha = if old_max == new_max && shift == new_max { 1.0 } else { (old_max - shift).exp2() };
 
         let neg_shift = _mm512_set1_ps(-shift);
         let probabilities: [__m512; N] = core::array::from_fn(|n| exp2(_mm512_fmadd_ps(x[n], f, neg_shift)));
@@ -100,8 +104,9 @@ unsafe fn rows_update<const N: usize>(
                 _mm512_storeu_ps(out.add(16 * pair).cast(), packed)
             };
         }
-        state.sum[r] = state.sum[r] * alpha
-            + _mm512_cvtss_f32(all_lanes(tree(probabilities, |a, b| _mm512_add_ps(a, b)), |a, b| _mm512_add_ps(a, b)));
+        let block_sum =
+            _mm512_cvtss_f32(all_lanes(tree(probabilities, |a, b| _mm512_add_ps(a, b)), |a, b| _mm512_add_ps(a, b)));
+        state.sum[r] = state.sum[r] * alpha + block_sum;
         state.max[r] = new_max;
         state.alpha[r] = alpha;
     }
