@@ -118,7 +118,7 @@ fn exponent_of(x: f64) -> i32 {
 /// assert_eq!(x.to_f32(), 1.5);
 /// assert_eq!(<bf16 as Element>::from_f32(1.0 + 1.0 / 256.0).to_f32(), 1.0); // a tie, to even
 /// ```
-pub trait Element: sealed::Sealed + Copy + Default + Debug + PartialEq + Send + Sync + 'static {
+pub trait Element: sealed::Sealed + bytemuck::Pod + Default + Debug + PartialEq + Send + Sync + 'static {
     /// The run-time name of this type.
     const DTYPE: DType;
     /// Exact widening to `f32`.

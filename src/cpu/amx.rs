@@ -16,6 +16,7 @@
 //! head_dim is padded to the tile depth of 32 (72 costs as 96 in the first product: the tile unit
 //! takes the same time for a shallower tile) and head_dim_v to 16 columns (72 costs as 80).
 
+use super::pack_bf16;
 use super::softmax::{RowState, ScoreMap, SoftCap};
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
@@ -173,12 +174,6 @@ pub(crate) fn peak_batch() -> f64 {
     (BATCH * 4 * 16 * 16 * 32 * 2) as f64
 }
 
-/// The bf16 bit pattern of `x` (exact: `T` is bf16).
-#[inline(always)]
-fn bits<T: Element>(x: T) -> u16 {
-    (x.to_f32().to_bits() >> 16) as u16
-}
-
 impl<T: Element> TileKernel<T> for AmxKernel<T> {
     type Packed = u32;
     const QUERY_BLOCK: usize = QUERY_BLOCK;
@@ -203,51 +198,19 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
 
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
         let d = q.row(tokens.start, head).len();
-        let row_len = round_up(d, 32);
-        let dst: &mut [u16] = bytemuck::cast_slice_mut(&mut dst[..QUERY_BLOCK * row_len / 2]);
-        dst.fill(0);
-        for (r, token) in tokens.enumerate() {
-            let out = &mut dst[r * row_len..r * row_len + d];
-            let row = q.row(token, head);
-            match row.as_slice() {
-                Some(s) => out.iter_mut().zip(s).for_each(|(o, &x)| *o = bits(x)),
-                None => out.iter_mut().zip(row.iter()).for_each(|(o, &x)| *o = bits(x)),
-            }
-        }
+        pack_bf16::pack_queries(q, tokens, head, round_up(d, 32), QUERY_BLOCK, dst);
     }
 
     fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
         let d = k.row(tokens.start, head).len();
-        let pairs = round_up(d, 32) / 2;
-        let panel = pairs * 16;
-        let n = tokens.len();
-        let dst: &mut [u16] = bytemuck::cast_slice_mut(&mut dst[..round_up(n, 32) * pairs]);
-        dst.fill(0);
-        for (j, token) in tokens.enumerate() {
-            let (strip, lane) = (j / 16, j % 16);
-            let base = strip * panel * 2 + lane * 2;
-            for (i, &x) in k.row(token, head).iter().enumerate() {
-                dst[base + (i / 2) * 32 + (i % 2)] = bits(x);
-            }
-        }
+        // SAFETY: AMX implies AVX-512F/BW (`available()` checks them).
+        unsafe { pack_bf16::pack_keys(k, tokens.clone(), head, round_up(d, 32) / 2, round_up(tokens.len(), 32), dst) };
     }
 
     fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) -> bool {
         let dv = v.row(tokens.start, head).len();
-        let stride = round_up(dv, 16);
-        let pairs = round_up(tokens.len(), 32) / 2;
-        let dst: &mut [u16] = bytemuck::cast_slice_mut(&mut dst[..pairs * stride]);
-        dst.fill(0);
-        let mut finite = true;
-        for (j, token) in tokens.enumerate() {
-            let base = (j / 2) * stride * 2 + j % 2;
-            for (i, &x) in v.row(token, head).iter().enumerate() {
-                let b = bits(x);
-                finite &= b & 0x7f80 != 0x7f80;
-                dst[base + 2 * i] = b;
-            }
-        }
-        finite
+        // SAFETY: AMX implies AVX-512F/BW (`available()` checks them).
+        unsafe { pack_bf16::pack_values(v, tokens.clone(), head, round_up(dv, 16), round_up(tokens.len(), 32), dst) }
     }
 
     fn scores(&self, q: &[u32], k: &[u32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {

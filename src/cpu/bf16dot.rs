@@ -12,6 +12,7 @@
 //!
 //! head_dim is only padded to an even count, so 72 costs exactly 36 pair steps.
 
+use super::pack_bf16;
 use super::softmax::{RowState, ScoreMap, SoftCap};
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
@@ -50,36 +51,6 @@ impl<T: Element> Bf16DotKernel<T> {
     }
 }
 
-/// The bf16 bit pattern of `x` (exact: `T` is bf16, whose widening is a 16-bit shift).
-#[inline(always)]
-fn bits<T: Element>(x: T) -> u32 {
-    x.to_f32().to_bits() >> 16
-}
-
-/// Packs `row` into bf16 pairs, the odd tail paired with 0.
-#[inline(always)]
-fn pack_pairs<T: Element>(row: ndarray::ArrayView1<T>, dst: &mut [u32]) {
-    let d = row.len();
-    let pairs = d.div_ceil(2);
-    match row.as_slice() {
-        Some(s) => {
-            let (even, odd) = s.split_at(d & !1);
-            for (p, two) in dst[..d / 2].iter_mut().zip(even.chunks_exact(2)) {
-                *p = bits(two[0]) | bits(two[1]) << 16;
-            }
-            if let Some(&last) = odd.first() {
-                dst[pairs - 1] = bits(last);
-            }
-        }
-        None => {
-            dst[..pairs].fill(0);
-            for (i, &x) in row.iter().enumerate() {
-                dst[i / 2] |= bits(x) << (16 * (i % 2));
-            }
-        }
-    }
-}
-
 impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
     type Packed = u32;
     const QUERY_BLOCK: usize = QUERY_BLOCK;
@@ -103,43 +74,20 @@ impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
     }
 
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
-        let pairs = q.row(tokens.start, head).len().div_ceil(2);
-        for (r, token) in tokens.enumerate() {
-            pack_pairs(q.row(token, head), &mut dst[r * pairs..(r + 1) * pairs]);
-        }
+        let d = q.row(tokens.start, head).len();
+        pack_bf16::pack_queries(q, tokens.clone(), head, round_up(d, 2), tokens.len(), dst);
     }
 
     fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
-        let n = tokens.len();
-        let pairs = k.row(tokens.start, head).len().div_ceil(2);
-        let panel = pairs * 16;
-        let mut row = [0u32; 128];
-        dst[..n.div_ceil(16) * panel].fill(0);
-        for (j, token) in tokens.enumerate() {
-            pack_pairs(k.row(token, head), &mut row[..pairs]);
-            let (strip, lane) = (j / 16, j % 16);
-            for (p, &x) in row[..pairs].iter().enumerate() {
-                dst[strip * panel + p * 16 + lane] = x;
-            }
-        }
+        let d = k.row(tokens.start, head).len();
+        // SAFETY: the CPU has AVX-512F/BW (this kernel exists only after `available()`).
+        unsafe { pack_bf16::pack_keys(k, tokens.clone(), head, d.div_ceil(2), round_up(tokens.len(), 16), dst) };
     }
 
     fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) -> bool {
         let dv = v.row(tokens.start, head).len();
-        let stride = round_up(dv, 16);
-        let pairs = round_up(tokens.len(), 16) / 2;
-        dst[..pairs * stride].fill(0);
-        let mut finite = true;
-        for (j, token) in tokens.enumerate() {
-            let (t, shift) = (j / 2, 16 * (j % 2));
-            let out = &mut dst[t * stride..t * stride + dv];
-            for (x, &value) in out.iter_mut().zip(v.row(token, head).iter()) {
-                let b = bits(value);
-                finite &= b & 0x7f80 != 0x7f80;
-                *x |= b << shift;
-            }
-        }
-        finite
+        // SAFETY: as above.
+        unsafe { pack_bf16::pack_values(v, tokens.clone(), head, round_up(dv, 16), round_up(tokens.len(), 16), dst) }
     }
 
     fn scores(&self, q: &[u32], k: &[u32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {

@@ -14,6 +14,8 @@ mod driver;
 mod fma;
 mod kv_cache;
 mod math;
+#[cfg(target_arch = "x86_64")]
+mod pack_bf16;
 pub(crate) mod peak;
 mod softmax;
 #[cfg(target_arch = "x86_64")]
