@@ -87,7 +87,7 @@ unsafe fn rows_update<const N: usize>(
             let new_max = old_max.max(block_max * factor);
             // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
             let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-            (new_max, (old_max - shift).exp2())
+            (new_max, _mm512_cvtss_f32(exp2(_mm512_set1_ps(old_max - shift))))
         };
         let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
 
