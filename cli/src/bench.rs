@@ -96,6 +96,7 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
     let isa = varlen_attn::cpu_isa_for::<T>(&params);
     let peak_unit = match isa {
         _ if on_gpu => None,
+        CpuIsa::Amx => Some(PeakUnit::AmxBf16),
         CpuIsa::Avx512Bf16 => Some(PeakUnit::Bf16Dot),
         _ => Some(PeakUnit::F32Fma),
     };
@@ -203,6 +204,7 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
 
 fn peak_name(unit: PeakUnit) -> &'static str {
     match unit {
+        PeakUnit::AmxBf16 => "AMX tdpbf16ps",
         PeakUnit::Bf16Dot => "vdpbf16ps",
         PeakUnit::F32Fma => "f32 FMA",
     }

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Side-by-side CPU comparison: varlen-attn (its `bench` command) and PyTorch's
+scaled_dot_product_attention, alternating shape by shape in one run, same thread count.
+
+    cargo build --release -p varlen-attn-cli
+    python3 benches/compare_cpu.py --threads 2 --shapes 0-6,11-20 --repeats 5
+
+Prints a markdown table (BENCHMARKS.md keeps it). PyTorch comes from PyPI (`pip install torch`);
+not part of CI.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch_sdpa import SHAPES, parse  # noqa: E402
+
+import time  # noqa: E402
+
+
+def torch_median(index, repeats):
+    heads, dim, length = SHAPES[index]
+    g = torch.Generator().manual_seed(index)
+    q, k, v = (torch.randn(1, heads, length, dim, generator=g).to(torch.bfloat16) for _ in range(3))
+    F.scaled_dot_product_attention(q, k, v)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def ours(binary, index, repeats, threads):
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+        subprocess.run([binary, "bench", "--shapes", str(index), "--repeats", str(repeats), "--quiet",
+                        "--check-rows", "4", "--max-flop", "1e15", "--json", f.name],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+        report = json.load(open(f.name))
+    return report, report["results"][0]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shapes", default="0-6,11-20")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--binary", default="target/release/varlen-attn")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    report = None
+    for index in parse(args.shapes):
+        report, r = ours(args.binary, index, args.repeats, args.threads)
+        t = torch_median(index, args.repeats)
+        rows.append((index, r, t))
+        print(f"shape {index}: ours {r['median_ms']:.3f} ms, torch {t * 1e3:.3f} ms, x{t * 1e3 / r['median_ms']:.2f}",
+              file=sys.stderr, flush=True)
+    print(f"CPU path `{report['cpu_isa']}`, {args.threads} threads, bf16; torch {torch.__version__}; "
+          f"peak {report['peak_gflops']:.0f} GFLOP/s ({report['peak_unit']})\n")
+    print("| # | H | D | L | ours ms | PyTorch ms | speed-up | ours GFLOP/s | % of peak | max error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for index, r, t in rows:
+        heads, dim, length = SHAPES[index]
+        print(f"| {index} | {heads} | {dim} | {length} | {r['median_ms']:.3f} | {t * 1e3:.3f} | "
+              f"{t * 1e3 / r['median_ms']:.2f}x | {r['gflops']:.0f} | {r['percent_of_peak'] or 0:.1f} | "
+              f"{r['max_abs_error']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
