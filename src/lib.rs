@@ -49,7 +49,7 @@
 mod cpu;
 mod element;
 mod error;
-mod gpu;
+pub mod gpu;
 mod layout;
 mod mask;
 pub mod oracle;

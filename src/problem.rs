@@ -122,6 +122,12 @@ impl<'a> Problem<'a> {
         Ok(())
     }
 
+    /// The validated `cu_seqlens_q` and `cu_seqlens_k`.
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+    pub fn cu_seqlens(&self) -> (&'a [i32], &'a [i32]) {
+        (self.cu_seqlens_q, self.cu_seqlens_k)
+    }
+
     /// Number of sequences.
     pub fn batch(&self) -> usize {
         self.cu_seqlens_q.len() - 1

@@ -1,12 +1,13 @@
 //! `varlen-attn bench`: times the seed's shapes and checks them against the oracle.
 
-use crate::{AttentionArgs, Failure};
+use crate::AttentionArgs;
 use half::{bf16, f16};
 use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::Array3;
 use serde::Serialize;
 use std::time::{Duration, Instant};
 use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, CpuIsa, Element, PeakUnit};
+use varlen_attn_cli::Failure;
 
 /// Options of the bench command.
 #[derive(clap::Args, Debug, Clone)]
@@ -86,7 +87,7 @@ pub fn run(args: &BenchArgs) -> Result<(), Failure> {
 fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
     let params = args.attention.params()?;
     let indices = match &args.shapes {
-        Some(list) => crate::selection::parse(list, SEED_SHAPES.len()).map_err(Failure::input)?,
+        Some(list) => varlen_attn_cli::selection::parse(list, SEED_SHAPES.len()).map_err(Failure::input)?,
         None => (0..SEED_SHAPES.len()).collect(),
     };
     let (shapes, skipped): (Vec<_>, Vec<_>) =

@@ -10,14 +10,13 @@
 //! Exit codes: 0 success, 2 bad input (arguments or files), 1 any other failure.
 
 mod bench;
-mod selection;
-mod tensors;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tensors::{AnyInputs, FileElement, Inputs};
 use varlen_attn::{oracle, Backend, CpuIsa, Params};
+use varlen_attn_cli::tensors::{self, AnyInputs, FileElement, Inputs};
+use varlen_attn_cli::Failure;
 
 /// Variable-length multi-head attention (FlashAttention-style, cu_seqlens packing) on the CPU
 /// or the GPU, with an f64 oracle to check it against.
@@ -144,34 +143,6 @@ struct CheckArgs {
     input: PathBuf,
     #[command(flatten)]
     attention: AttentionArgs,
-}
-
-/// A failure with its exit code.
-#[derive(Debug)]
-pub struct Failure {
-    message: String,
-    code: u8,
-}
-
-impl Failure {
-    /// Bad arguments or input files: exit code 2.
-    pub fn input(message: String) -> Self {
-        Failure { message, code: 2 }
-    }
-    /// Anything else: exit code 1.
-    pub fn runtime(message: String) -> Self {
-        Failure { message, code: 1 }
-    }
-    /// A library error: bad input unless it is about the GPU.
-    pub fn from_library(error: varlen_attn::Error) -> Self {
-        use varlen_attn::Error::*;
-        match error {
-            Gpu(_) | NoDevice(_) | GpuNotCompiled | GpuUnsupported(_) | IsaUnavailable { .. } => {
-                Failure::runtime(error.to_string())
-            }
-            _ => Failure::input(error.to_string()),
-        }
-    }
 }
 
 fn main() -> ExitCode {

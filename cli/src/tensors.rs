@@ -51,16 +51,20 @@ const LAYOUTS: [(&str, &str); 5] = [
 /// Reads `q`, `k`, `v`, `cu_seqlens_q` and `cu_seqlens_k` from a safetensors file.
 pub fn read_inputs(path: &Path) -> Result<AnyInputs, Failure> {
     let bytes = std::fs::read(path).map_err(|e| Failure::input(format!("cannot read {}: {e}", path.display())))?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|e| {
+    parse_inputs(&bytes, &path.display().to_string())
+}
+
+/// [`read_inputs`] on a file's bytes; `file_name` is used in messages.
+pub fn parse_inputs(bytes: &[u8], file_name: &str) -> Result<AnyInputs, Failure> {
+    let file = SafeTensors::deserialize(bytes).map_err(|e| {
         Failure::input(format!(
-            "{} is not a valid safetensors file ({e}); is it truncated or of another format?",
-            path.display()
+            "{file_name} is not a valid safetensors file ({e}); is it truncated or of another format?"
         ))
     })?;
     let tensor = |name: &str| {
         file.tensor(name).map_err(|_| {
             let expected = LAYOUTS.iter().find(|(n, _)| *n == name).map_or("", |(_, l)| l);
-            Failure::input(format!("{}: tensor `{name}` is missing (expected {expected})", path.display()))
+            Failure::input(format!("{file_name}: tensor `{name}` is missing (expected {expected})"))
         })
     };
     let q = tensor("q")?;

@@ -1,25 +1,30 @@
-//! The GPU backend seam. Without the `gpu` feature every entry answers
-//! [`Error::GpuNotCompiled`], so `Backend::Gpu` fails clearly and `Backend::Auto` runs on the
-//! CPU.
+//! GPU offload behind the `gpu` cargo feature: the same `forward` call with `Backend::Gpu` (or
+//! `Auto` when a device answers), and a device-resident API for data already on the GPU.
+//!
+//! One HIP C++ kernel (`kernel/attention.hip`) is compiled at run time: by NVRTC on NVIDIA GPUs
+//! (behind our portability header, `kernel/portability.h`) and by hipRTC on AMD GPUs. Drivers and
+//! compilers are opened at run time, so the crate builds on machines with no GPU toolkit; without
+//! a device every call returns [`Error::NoDevice`] and `Backend::Auto` runs on the CPU.
+//!
+//! Without the `gpu` feature this module keeps the same API, and every entry answers
+//! [`Error::GpuNotCompiled`].
+//!
+//! The element types are bf16 and f16; f32 input runs on the CPU (`Backend::Auto`) or is refused
+//! (`Backend::Gpu`): the tensor cores take 16-bit operands, and rounding f32 inputs would not
+//! be the f32 attention the caller asked for.
 
-use crate::element::Element;
-use crate::error::Error;
-use crate::problem::Problem;
-use ndarray::{ArrayView3, ArrayViewMut2, ArrayViewMut3};
+#[cfg(feature = "gpu")]
+mod cuda;
+mod device;
+#[cfg(feature = "gpu")]
+mod hip;
+#[cfg(feature = "gpu")]
+mod plan;
+#[cfg(feature = "gpu")]
+mod source;
 
-/// Whether `Backend::Auto` should try the GPU for this element type.
-pub(crate) fn is_usable(_dtype: crate::DType) -> bool {
-    false
-}
+pub use device::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
+#[cfg(feature = "gpu")]
+pub use source::compile_check_nvidia;
 
-/// Runs a validated problem on the GPU.
-pub(crate) fn forward<T: Element>(
-    _problem: &Problem,
-    _q: ArrayView3<T>,
-    _k: ArrayView3<T>,
-    _v: ArrayView3<T>,
-    _out: ArrayViewMut3<T>,
-    _lse: Option<ArrayViewMut2<f32>>,
-) -> Result<(), Error> {
-    Err(Error::GpuNotCompiled)
-}
+pub(crate) use device::{forward, is_usable};

@@ -141,10 +141,12 @@ impl Reference {
             report.count += 1;
             let same_special = (value.is_nan() && exact.is_nan()) || (value.is_infinite() && value == exact);
             let error = if same_special { 0.0 } else { (value - exact).abs() };
-            if error == 0.0 {
+            if error == 0.0 || (exact as f32) as f64 == value {
                 report.exact += 1;
             }
-            report.max_abs_error = report.max_abs_error.max(if error.is_nan() { f64::INFINITY } else { error });
+            let error_or_inf = if error.is_nan() { f64::INFINITY } else { error };
+            report.max_abs_error = report.max_abs_error.max(error_or_inf);
+            report.max_ulp_error = report.max_ulp_error.max(error_or_inf / DType::F32.ulp(exact));
             let tolerance = Self::lse_tolerance(&self.bounds[[row, h]], exact);
             let ratio = if error.is_nan() { f64::INFINITY } else { error / tolerance };
             if ratio > worst_ratio {

@@ -2,6 +2,8 @@
 //! instruction sets to run.
 #![allow(dead_code)]
 
+pub mod cases;
+
 use ndarray::{s, Array3, ArrayView3};
 use varlen_attn::{CpuIsa, Element, Params};
 

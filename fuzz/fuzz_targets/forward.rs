@@ -1,0 +1,155 @@
+//! Fuzzes every public entry point of the library (`forward`, `forward_with_lse`,
+//! `forward_into`, `forward_with_lse_into`, and the oracle they are checked against) with
+//! arbitrary shapes, strides, `cu_seqlens`, parameters and values. Each call must return the
+//! same error as the oracle, or a result within the oracle's tolerance; nothing may panic.
+
+#![no_main]
+
+#[path = "common.rs"]
+mod common;
+
+use arbitrary::{Result, Unstructured};
+use half::{bf16, f16};
+use libfuzzer_sys::fuzz_target;
+use ndarray::{s, Array3, ArrayView3};
+use varlen_attn::{Backend, CpuIsa, Element, Params};
+
+/// The instruction sets to pick from.
+const ISAS: [CpuIsa; 6] = [CpuIsa::Auto, CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx];
+
+fuzz_target!(|data: &[u8]| {
+    let _ = run(&mut Unstructured::new(data));
+});
+
+fn run(u: &mut Unstructured) -> Result<()> {
+    match u.int_in_range(0..=2)? {
+        0 => case::<bf16>(u),
+        1 => case::<f16>(u),
+        _ => case::<f32>(u),
+    }
+}
+
+/// A tensor in one of several memory layouts, all viewing the same logical values.
+struct Stored<T> {
+    storage: Array3<T>,
+    layout: u8,
+    dims: usize,
+}
+
+impl<T: Element> Stored<T> {
+    fn new(logical: Array3<T>, layout: u8) -> Self {
+        let (t, h, d) = logical.dim();
+        let storage = match layout % 4 {
+            0 => logical,
+            1 => logical.view().permuted_axes([1, 0, 2]).as_standard_layout().to_owned(),
+            2 => {
+                let mut s = Array3::from_elem((t, h, 2 * d), T::from_f32(f32::NAN));
+                s.slice_mut(s![.., .., ..;2]).assign(&logical);
+                s
+            }
+            _ => logical.slice(s![.., .., ..;-1]).to_owned(),
+        };
+        Stored { storage, layout, dims: d }
+    }
+
+    fn view(&self) -> ArrayView3<'_, T> {
+        match self.layout % 4 {
+            0 => self.storage.view(),
+            1 => self.storage.view().permuted_axes([1, 0, 2]),
+            2 => self.storage.slice(s![.., .., ..;2]),
+            _ => self.storage.slice(s![.., .., ..;-1]),
+        }
+        .slice_move(s![.., .., ..self.dims])
+    }
+}
+
+fn dim(u: &mut Unstructured) -> Result<usize> {
+    Ok(match u.int_in_range(0..=9)? {
+        0 => *u.choose(&[0usize, 72, 128, 256, 257])?,
+        _ => u.int_in_range(1..=20)?,
+    })
+}
+
+fn case<T: Element>(u: &mut Unstructured) -> Result<()> {
+    let batch = u.int_in_range(0..=4)?;
+    let mut q_lens = Vec::new();
+    let mut k_lens = Vec::new();
+    for _ in 0..batch {
+        q_lens.push(u.int_in_range(0..=40usize)?);
+        k_lens.push(u.int_in_range(0..=40usize)?);
+    }
+    let prefix = |lens: &[usize]| -> Vec<i32> {
+        let mut cu = vec![0i32];
+        for &l in lens {
+            cu.push(cu.last().unwrap() + l as i32);
+        }
+        cu
+    };
+    let (mut cu_q, mut cu_k) = (prefix(&q_lens), prefix(&k_lens));
+    let (mut total_q, mut total_k): (usize, usize) = (q_lens.iter().sum(), k_lens.iter().sum());
+    // Now and then, break the rules.
+    if u.ratio(1, 8)? {
+        let list = if u.arbitrary()? { &mut cu_q } else { &mut cu_k };
+        match u.int_in_range(0..=3)? {
+            0 => list.pop().map(|_| ()).unwrap_or(()),
+            1 => list.push(u.arbitrary()?),
+            _ => {
+                if !list.is_empty() {
+                    let i = u.choose_index(list.len())?;
+                    list[i] = u.arbitrary()?;
+                }
+            }
+        }
+    }
+    if u.ratio(1, 16)? {
+        total_q = total_q.saturating_add(1);
+    }
+    if u.ratio(1, 16)? {
+        total_k = total_k.saturating_sub(1);
+    }
+    let kv_heads = u.int_in_range(0..=3)?;
+    let heads = kv_heads * u.int_in_range(1..=3)? + usize::from(u.ratio(1, 16)?);
+    let (d, dv) = (dim(u)?, dim(u)?);
+    let d_k = if u.ratio(1, 16)? { d + 1 } else { d };
+    let v_tokens = if u.ratio(1, 16)? { total_k + 1 } else { total_k };
+
+    // Moderate values (multiples of 1/16 in [-4, 4]: no subnormals, no overflow) or anything.
+    let wild = u.ratio(1, 8)?;
+    let value = |u: &mut Unstructured| -> Result<T> {
+        Ok(if wild { T::from_f32(f32::from_bits(u.arbitrary()?)) } else { T::from_f32(u.int_in_range(-64i8..=64)? as f32 / 16.0) })
+    };
+    let tensor = |u: &mut Unstructured, shape: (usize, usize, usize)| -> Result<Stored<T>> {
+        let n = shape.0 * shape.1 * shape.2;
+        let mut values = Vec::with_capacity(n);
+        for _ in 0..n {
+            values.push(value(u)?);
+        }
+        let layout = u.arbitrary()?;
+        Ok(Stored::new(Array3::from_shape_vec(shape, values).expect("sized"), layout))
+    };
+    let q = tensor(u, (total_q, heads, d))?;
+    let k = tensor(u, (total_k, kv_heads, d_k))?;
+    let v = tensor(u, (v_tokens, kv_heads, dv))?;
+
+    let causal: bool = u.arbitrary()?;
+    let float = |u: &mut Unstructured| -> Result<Option<f32>> {
+        Ok(match u.int_in_range(0..=7)? {
+            0..=3 => None,
+            4 => Some(*u.choose(&[0.0, -1.0, f32::NAN, f32::INFINITY])?),
+            _ => Some(u.int_in_range(1u8..=200)? as f32 / 20.0),
+        })
+    };
+    let params = Params {
+        softmax_scale: float(u)?,
+        softcap: float(u)?,
+        causal,
+        window_left: if u.arbitrary()? { Some(u.int_in_range(0..=50)?) } else { None },
+        window_right: if u.ratio(1, 3)? { Some(u.int_in_range(0..=50)?) } else { None },
+        backend: Backend::Cpu,
+        cpu_isa: *u.choose(&ISAS)?,
+    };
+    let entry: u8 = u.int_in_range(0..=3)?;
+    let out_shape_error = entry >= 2 && u.ratio(1, 16)?;
+    common::check(q.view(), k.view(), v.view(), &cu_q, &cu_k, &params, entry, out_shape_error, !wild);
+    Ok(())
+}

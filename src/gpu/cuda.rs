@@ -1,0 +1,194 @@
+//! The NVIDIA runtime: the CUDA driver and NVRTC, both opened at run time through cudarc (so the
+//! crate builds with no CUDA toolkit), kernels compiled per variant and cached.
+
+use super::plan::{KernelParams, Plan, Variant};
+use super::source;
+use crate::error::Error;
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+// SAFETY: `KernelParams` is `#[repr(C)]` plain data (integers and floats) matching the kernel's
+// parameter struct, so its bytes are a valid kernel argument.
+unsafe impl DeviceRepr for KernelParams {}
+
+/// The two entry points of one compiled variant.
+struct Kernels {
+    attention: CudaFunction,
+    merge: CudaFunction,
+}
+
+/// One NVIDIA GPU with its stream and compiled kernels.
+pub(crate) struct CudaDevice {
+    stream: Arc<CudaStream>,
+    name: String,
+    capability: (i32, i32),
+    multiprocessors: usize,
+    kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
+}
+
+fn gpu_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| {
+        let text = e.to_string();
+        if text.contains("OUT_OF_MEMORY") {
+            Error::Gpu(format!("{what}: out of device memory ({text})"))
+        } else {
+            Error::Gpu(format!("{what}: {text}"))
+        }
+    }
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`, or says why there is none.
+    pub fn open(ordinal: usize) -> Result<Self, Error> {
+        // SAFETY: asks the dynamic loader whether the library can be opened; nothing else.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::NoDevice("the NVIDIA driver library (libcuda.so) was not found".into()));
+        }
+        // SAFETY: as above.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::NoDevice(
+                "NVRTC (libnvrtc.so.13) was not found: install the CUDA 13 runtime compiler, e.g. `pip install nvidia-cuda-nvrtc`, and put it on the library path".into(),
+            ));
+        }
+        let count =
+            CudaContext::device_count().map_err(|e| Error::NoDevice(format!("the CUDA driver answered: {e}")))?;
+        if count <= ordinal as i32 {
+            return Err(Error::NoDevice(format!("GPU {ordinal} was asked for but the driver sees {count}")));
+        }
+        let context = CudaContext::new(ordinal).map_err(gpu_error("creating a context"))?;
+        let capability = context.compute_capability().map_err(gpu_error("reading the compute capability"))?;
+        if capability.0 < 8 {
+            return Err(Error::NoDevice(format!(
+                "GPU {ordinal} has compute capability {}.{}; the kernel needs 8.0 or newer (bf16 tensor cores)",
+                capability.0, capability.1
+            )));
+        }
+        let multiprocessors = context
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(gpu_error("reading the multiprocessor count"))? as usize;
+        let name = context.name().unwrap_or_else(|_| "NVIDIA GPU".into());
+        let stream = context.new_stream().map_err(gpu_error("creating a stream"))?;
+        Ok(CudaDevice { stream, name, capability, multiprocessors, kernels: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    /// The kernels of `variant`, compiled on first use.
+    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
+        let mut cache =
+            self.kernels.lock().map_err(|_| Error::Gpu("the kernel cache was poisoned by a panic".into()))?;
+        if let Some(k) = cache.get(&variant) {
+            return Ok(k.clone());
+        }
+        let (major, minor) = self.capability;
+        let options = cudarc::nvrtc::CompileOptions {
+            options: source::nvrtc_options(&variant, major, minor),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source::kernel_source(), options)
+            .map_err(|e| Error::Gpu(format!("NVRTC could not compile the kernel for {variant:?}: {e}")))?;
+        let module = self.stream.context().load_module(ptx).map_err(gpu_error("loading the compiled kernel"))?;
+        let attention =
+            module.load_function("va_attention_forward").map_err(gpu_error("finding va_attention_forward"))?;
+        let merge = module.load_function("va_attention_merge").map_err(gpu_error("finding va_attention_merge"))?;
+        attention
+            .set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                variant.shared_bytes() as i32,
+            )
+            .map_err(gpu_error("raising the kernel's shared-memory limit"))?;
+        let kernels = Arc::new(Kernels { attention, merge });
+        cache.insert(variant, kernels.clone());
+        Ok(kernels)
+    }
+
+    /// Device memory of `bytes` bytes (contents unspecified).
+    pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>, Error> {
+        // SAFETY: u8 has no invalid bit patterns; every reader of the buffer writes it first or
+        // reads bytes the caller uploaded.
+        unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(gpu_error("allocating device memory"))
+    }
+
+    pub fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, Error> {
+        self.stream.clone_htod(bytes).map_err(gpu_error("copying to the device"))
+    }
+
+    pub fn download(&self, buffer: &CudaSlice<u8>, bytes: &mut [u8]) -> Result<(), Error> {
+        self.stream.memcpy_dtoh(&buffer.slice(0..bytes.len()), bytes).map_err(gpu_error("copying from the device"))
+    }
+
+    pub fn address(&self, buffer: &CudaSlice<u8>) -> u64 {
+        buffer.device_ptr(&self.stream).0
+    }
+
+    pub fn synchronize(&self) -> Result<(), Error> {
+        self.stream.synchronize().map_err(gpu_error("waiting for the GPU"))
+    }
+
+    /// Enqueues `plan` (whose tensor pointers are filled in) on the stream; `metadata` holds
+    /// `cu_seqlens_q`, `cu_seqlens_k` and the plan's `tile_start`, one after another.
+    pub fn launch(&self, plan: &Plan, metadata: &[i32]) -> Result<(), Error> {
+        let kernels = self.kernels(plan.variant)?;
+        let metadata_buffer = self.upload(bytemuck::cast_slice(metadata))?;
+        let base = self.address(&metadata_buffer);
+        let batch = plan.params.batch as u64;
+        let mut params = plan.params;
+        params.cu_seqlens_q = base;
+        params.cu_seqlens_k = base + 4 * (batch + 1);
+        params.tile_start = base + 8 * (batch + 1);
+        let (partial_out_len, partial_lse_len) = plan.partial_lens();
+        let workspace = if plan.splits > 1 { Some(self.alloc(4 * (partial_out_len + partial_lse_len))?) } else { None };
+        if let Some(w) = &workspace {
+            params.partial_out = self.address(w);
+            params.partial_lse = params.partial_out + 4 * partial_out_len as u64;
+        }
+        if plan.tiles > 0 {
+            let config = LaunchConfig {
+                grid_dim: plan.grid(),
+                block_dim: (super::plan::THREADS_NVIDIA, 1, 1),
+                shared_mem_bytes: plan.variant.shared_bytes() as u32,
+            };
+            let mut launch = self.stream.launch_builder(&kernels.attention);
+            launch.arg(&params);
+            // SAFETY: the parameter block matches the kernel's struct; every pointer in it is a
+            // live device allocation of the size the kernel indexes (validated shapes, strides
+            // and cu_seqlens; the workspace sized by the plan), and the kernel stays in bounds
+            // of them. The temporaries are freed stream-ordered, after the kernels.
+            unsafe { launch.launch(config) }.map_err(gpu_error("launching the attention kernel"))?;
+            if plan.splits > 1 {
+                let (blocks, threads) = plan.merge_grid();
+                let config =
+                    LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+                let mut launch = self.stream.launch_builder(&kernels.merge);
+                launch.arg(&params);
+                // SAFETY: as above; the merge reads the workspace the first kernel wrote.
+                unsafe { launch.launch(config) }.map_err(gpu_error("launching the merge kernel"))?;
+            }
+        }
+        drop(workspace);
+        drop(metadata_buffer);
+        Ok(())
+    }
+
+    /// Milliseconds of GPU time that `work` enqueues on the stream (device events).
+    pub fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
+        let context = self.stream.context();
+        let start = context.new_event(None).map_err(gpu_error("creating an event"))?;
+        let end = context.new_event(None).map_err(gpu_error("creating an event"))?;
+        start.record(&self.stream).map_err(gpu_error("recording an event"))?;
+        work()?;
+        end.record(&self.stream).map_err(gpu_error("recording an event"))?;
+        end.synchronize().map_err(gpu_error("waiting for an event"))?;
+        start.elapsed_ms(&end).map_err(gpu_error("reading an event"))
+    }
+}

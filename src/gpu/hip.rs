@@ -1,0 +1,438 @@
+//! The AMD runtime: HIP and hipRTC, opened at run time with `libloading` (or, with the opt-in
+//! `rocm-link` feature, HIP linked at build time through `hip-runtime-sys`). It runs the same
+//! plan, parameter block and kernel source as the NVIDIA runtime.
+//!
+//! No AMD GPU is reachable from this project's machines: this path is compile-checked (the
+//! kernel with hipcc for gfx90a in CI, this file in every `gpu` build) but has never run.
+
+use super::plan::{Plan, Variant};
+use super::source;
+use crate::error::Error;
+use core::ffi::{c_char, c_int, c_uint, c_void};
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex};
+
+type HipError = c_int;
+type Stream = *mut c_void;
+type Module = *mut c_void;
+type Function = *mut c_void;
+type Event = *mut c_void;
+type Program = *mut c_void;
+
+/// `hipDeviceAttributeMultiprocessorCount` in ROCm 5 and 6 (`hip/hip_runtime_api.h`).
+const ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 63;
+/// `hipFuncAttributeMaxDynamicSharedMemorySize`.
+const FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED: c_int = 8;
+
+/// The HIP and hipRTC entry points the runtime uses.
+struct Api {
+    init: unsafe extern "C" fn(c_uint) -> HipError,
+    device_count: unsafe extern "C" fn(*mut c_int) -> HipError,
+    set_device: unsafe extern "C" fn(c_int) -> HipError,
+    device_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> HipError,
+    device_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> HipError,
+    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
+    free: unsafe extern "C" fn(*mut c_void) -> HipError,
+    memcpy_htod: unsafe extern "C" fn(*mut c_void, *const c_void, usize) -> HipError,
+    memcpy_dtoh: unsafe extern "C" fn(*mut c_void, *const c_void, usize) -> HipError,
+    stream_create: unsafe extern "C" fn(*mut Stream) -> HipError,
+    stream_synchronize: unsafe extern "C" fn(Stream) -> HipError,
+    module_load_data: unsafe extern "C" fn(*mut Module, *const c_void) -> HipError,
+    module_get_function: unsafe extern "C" fn(*mut Function, Module, *const c_char) -> HipError,
+    func_set_attribute: unsafe extern "C" fn(*const c_void, c_int, c_int) -> HipError,
+    #[allow(clippy::type_complexity)]
+    launch: unsafe extern "C" fn(
+        Function,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        Stream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> HipError,
+    event_create: unsafe extern "C" fn(*mut Event) -> HipError,
+    event_record: unsafe extern "C" fn(Event, Stream) -> HipError,
+    event_synchronize: unsafe extern "C" fn(Event) -> HipError,
+    event_elapsed: unsafe extern "C" fn(*mut f32, Event, Event) -> HipError,
+    rtc_create: unsafe extern "C" fn(
+        *mut Program,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int,
+    rtc_compile: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
+    rtc_log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    rtc_log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    rtc_code_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    rtc_code: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    rtc_destroy: unsafe extern "C" fn(*mut Program) -> c_int,
+    _libraries: Vec<libloading::Library>,
+}
+
+impl Api {
+    /// Opens libamdhip64 and libhiprtc (which ROCm 5.2 folds into libamdhip64).
+    fn load() -> Result<Api, String> {
+        let open = |names: &[&str]| -> Result<libloading::Library, String> {
+            let mut last = String::new();
+            for name in names {
+                // SAFETY: loading a shared library runs its initialisers; these are ROCm's own
+                // libraries, loaded the way the HIP runtime documents.
+                match unsafe { libloading::Library::new(*name) } {
+                    Ok(lib) => return Ok(lib),
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            Err(format!("none of {names:?} could be opened ({last})"))
+        };
+        let hip = open(&["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"])?;
+        let rtc = open(&["libhiprtc.so", "libhiprtc.so.6", "libhiprtc.so.5"]).ok();
+        macro_rules! symbol {
+            ($lib:expr, $name:literal) => {{
+                // SAFETY: the symbol is HIP's documented C entry point with the signature of the
+                // field it is stored in.
+                let s = unsafe { $lib.get($name) }.map_err(|e| format!("{}: {e}", String::from_utf8_lossy($name)))?;
+                *s
+            }};
+        }
+        let rtc_lib = rtc.as_ref().unwrap_or(&hip);
+        let api = Api {
+            init: symbol!(hip, b"hipInit\0"),
+            device_count: symbol!(hip, b"hipGetDeviceCount\0"),
+            set_device: symbol!(hip, b"hipSetDevice\0"),
+            device_name: symbol!(hip, b"hipDeviceGetName\0"),
+            device_attribute: symbol!(hip, b"hipDeviceGetAttribute\0"),
+            malloc: symbol!(hip, b"hipMalloc\0"),
+            free: symbol!(hip, b"hipFree\0"),
+            memcpy_htod: symbol!(hip, b"hipMemcpyHtoD\0"),
+            memcpy_dtoh: symbol!(hip, b"hipMemcpyDtoH\0"),
+            stream_create: symbol!(hip, b"hipStreamCreate\0"),
+            stream_synchronize: symbol!(hip, b"hipStreamSynchronize\0"),
+            module_load_data: symbol!(hip, b"hipModuleLoadData\0"),
+            module_get_function: symbol!(hip, b"hipModuleGetFunction\0"),
+            func_set_attribute: symbol!(hip, b"hipFuncSetAttribute\0"),
+            launch: symbol!(hip, b"hipModuleLaunchKernel\0"),
+            event_create: symbol!(hip, b"hipEventCreate\0"),
+            event_record: symbol!(hip, b"hipEventRecord\0"),
+            event_synchronize: symbol!(hip, b"hipEventSynchronize\0"),
+            event_elapsed: symbol!(hip, b"hipEventElapsedTime\0"),
+            rtc_create: symbol!(rtc_lib, b"hiprtcCreateProgram\0"),
+            rtc_compile: symbol!(rtc_lib, b"hiprtcCompileProgram\0"),
+            rtc_log_size: symbol!(rtc_lib, b"hiprtcGetProgramLogSize\0"),
+            rtc_log: symbol!(rtc_lib, b"hiprtcGetProgramLog\0"),
+            rtc_code_size: symbol!(rtc_lib, b"hiprtcGetCodeSize\0"),
+            rtc_code: symbol!(rtc_lib, b"hiprtcGetCode\0"),
+            rtc_destroy: symbol!(rtc_lib, b"hiprtcDestroyProgram\0"),
+            _libraries: [Some(hip), rtc].into_iter().flatten().collect(),
+        };
+        Ok(api)
+    }
+}
+
+/// Turns a HIP status into an error naming what failed.
+fn check(what: &str, status: HipError) -> Result<(), Error> {
+    match status {
+        0 => Ok(()),
+        2 => Err(Error::Gpu(format!("{what}: out of device memory (hipErrorOutOfMemory)"))),
+        code => Err(Error::Gpu(format!("{what}: HIP error {code}"))),
+    }
+}
+
+/// Device memory; freed on drop.
+pub(crate) struct HipBuffer {
+    pointer: *mut c_void,
+    api: Arc<Api>,
+}
+
+// SAFETY: a device address is a plain number usable from any host thread; HIP's allocation
+// functions are thread-safe.
+unsafe impl Send for HipBuffer {}
+// SAFETY: as above; shared references only read the address.
+unsafe impl Sync for HipBuffer {}
+
+impl HipBuffer {
+    pub fn address(&self) -> u64 {
+        self.pointer as u64
+    }
+}
+
+impl Drop for HipBuffer {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from hipMalloc and is freed once. hipFree waits for the
+        // device, so queued kernels finish first.
+        unsafe { (self.api.free)(self.pointer) };
+    }
+}
+
+struct Kernels {
+    attention: Function,
+    merge: Function,
+}
+
+// SAFETY: HIP function handles may be launched from any thread.
+unsafe impl Send for Kernels {}
+// SAFETY: as above.
+unsafe impl Sync for Kernels {}
+
+/// One AMD GPU with its stream and compiled kernels.
+pub(crate) struct HipDevice {
+    api: Arc<Api>,
+    stream: Stream,
+    name: String,
+    multiprocessors: usize,
+    kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
+}
+
+// SAFETY: the stream handle is used through HIP's thread-safe API only.
+unsafe impl Send for HipDevice {}
+// SAFETY: as above.
+unsafe impl Sync for HipDevice {}
+
+impl HipDevice {
+    /// Opens AMD GPU `ordinal`, or says why there is none.
+    pub fn open(ordinal: usize) -> Result<Self, Error> {
+        let api = Arc::new(Api::load().map_err(|e| Error::NoDevice(format!("the HIP runtime was not found: {e}")))?);
+        let mut count: c_int = 0;
+        // SAFETY: HIP's documented initialisation and query calls with valid out-pointers.
+        unsafe {
+            check("hipInit", (api.init)(0)).map_err(|e| Error::NoDevice(e.to_string()))?;
+            check("hipGetDeviceCount", (api.device_count)(&mut count)).map_err(|e| Error::NoDevice(e.to_string()))?;
+        }
+        if count <= ordinal as c_int {
+            return Err(Error::NoDevice(format!("AMD GPU {ordinal} was asked for but HIP sees {count}")));
+        }
+        let mut name = [0 as c_char; 256];
+        let mut multiprocessors: c_int = 0;
+        let mut stream: Stream = core::ptr::null_mut();
+        // SAFETY: valid out-pointers and buffer length; the device ordinal exists.
+        unsafe {
+            check("hipSetDevice", (api.set_device)(ordinal as c_int))?;
+            check("hipDeviceGetName", (api.device_name)(name.as_mut_ptr(), name.len() as c_int, ordinal as c_int))?;
+            if (api.device_attribute)(&mut multiprocessors, ATTRIBUTE_MULTIPROCESSOR_COUNT, ordinal as c_int) != 0 {
+                multiprocessors = 1;
+            }
+            check("hipStreamCreate", (api.stream_create)(&mut stream))?;
+        }
+        // SAFETY: hipDeviceGetName wrote a NUL-terminated string into the buffer.
+        let name = unsafe { core::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        Ok(HipDevice {
+            api,
+            stream,
+            name,
+            multiprocessors: multiprocessors.max(1) as usize,
+            kernels: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    pub fn upload(&self, bytes: &[u8]) -> Result<HipBuffer, Error> {
+        let mut pointer = core::ptr::null_mut();
+        // SAFETY: hipMalloc writes the new allocation's address; the copy reads `bytes.len()`
+        // bytes from a live slice into an allocation at least that large.
+        unsafe {
+            check("hipMalloc", (self.api.malloc)(&mut pointer, bytes.len().max(1)))?;
+            let buffer = HipBuffer { pointer, api: self.api.clone() };
+            check("hipMemcpyHtoD", (self.api.memcpy_htod)(pointer, bytes.as_ptr().cast(), bytes.len()))?;
+            Ok(buffer)
+        }
+    }
+
+    pub fn download(&self, buffer: &HipBuffer, bytes: &mut [u8]) -> Result<(), Error> {
+        self.synchronize()?;
+        // SAFETY: copies `bytes.len()` bytes, no more than the buffer holds (the caller's
+        // element count), into a live mutable slice.
+        unsafe {
+            check("hipMemcpyDtoH", (self.api.memcpy_dtoh)(bytes.as_mut_ptr().cast(), buffer.pointer, bytes.len()))
+        }
+    }
+
+    pub fn synchronize(&self) -> Result<(), Error> {
+        // SAFETY: the stream handle is live for the device's lifetime.
+        unsafe { check("hipStreamSynchronize", (self.api.stream_synchronize)(self.stream)) }
+    }
+
+    /// The kernels of `variant`, compiled by hipRTC for this device on first use.
+    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
+        let mut cache =
+            self.kernels.lock().map_err(|_| Error::Gpu("the kernel cache was poisoned by a panic".into()))?;
+        if let Some(k) = cache.get(&variant) {
+            return Ok(k.clone());
+        }
+        let code = self.compile(&variant)?;
+        let mut module: Module = core::ptr::null_mut();
+        let (mut attention, mut merge): (Function, Function) = (core::ptr::null_mut(), core::ptr::null_mut());
+        // SAFETY: `code` is a code object hipRTC produced; the names are NUL-terminated; the
+        // attribute call names a function of the loaded module.
+        unsafe {
+            check("hipModuleLoadData", (self.api.module_load_data)(&mut module, code.as_ptr().cast()))?;
+            check(
+                "hipModuleGetFunction",
+                (self.api.module_get_function)(&mut attention, module, c"va_attention_forward".as_ptr()),
+            )?;
+            check(
+                "hipModuleGetFunction",
+                (self.api.module_get_function)(&mut merge, module, c"va_attention_merge".as_ptr()),
+            )?;
+            check(
+                "hipFuncSetAttribute",
+                (self.api.func_set_attribute)(
+                    attention as *const c_void,
+                    FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED,
+                    variant.shared_bytes() as c_int,
+                ),
+            )?;
+        }
+        let kernels = Arc::new(Kernels { attention, merge });
+        cache.insert(variant, kernels.clone());
+        Ok(kernels)
+    }
+
+    fn compile(&self, variant: &Variant) -> Result<Vec<u8>, Error> {
+        let source =
+            CString::new(source::kernel_source()).map_err(|_| Error::Gpu("kernel source has a NUL byte".into()))?;
+        // No --offload-arch: hipRTC compiles for the current device.
+        let options: Vec<CString> = source::hiprtc_options(variant, "")
+            .into_iter()
+            .filter(|o| !o.starts_with("--offload-arch="))
+            .map(|o| CString::new(o).expect("options have no NUL"))
+            .collect();
+        let pointers: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
+        let mut program: Program = core::ptr::null_mut();
+        // SAFETY: hipRTC's documented program lifecycle with live, NUL-terminated strings and
+        // buffers of the sizes it reports.
+        unsafe {
+            if (self.api.rtc_create)(
+                &mut program,
+                source.as_ptr(),
+                c"attention.hip".as_ptr(),
+                0,
+                core::ptr::null(),
+                core::ptr::null(),
+            ) != 0
+            {
+                return Err(Error::Gpu("hipRTC could not create the program".into()));
+            }
+            let status = (self.api.rtc_compile)(program, pointers.len() as c_int, pointers.as_ptr());
+            let mut result = Ok(());
+            if status != 0 {
+                let mut size = 0usize;
+                (self.api.rtc_log_size)(program, &mut size);
+                let mut log = vec![0u8; size.max(1)];
+                (self.api.rtc_log)(program, log.as_mut_ptr().cast());
+                result = Err(Error::Gpu(format!(
+                    "hipRTC could not compile the kernel for {variant:?}: {}",
+                    String::from_utf8_lossy(&log)
+                )));
+            }
+            let mut code = Vec::new();
+            if result.is_ok() {
+                let mut size = 0usize;
+                (self.api.rtc_code_size)(program, &mut size);
+                code = vec![0u8; size];
+                (self.api.rtc_code)(program, code.as_mut_ptr().cast());
+            }
+            (self.api.rtc_destroy)(&mut program);
+            result.map(|()| code)
+        }
+    }
+
+    /// Enqueues `plan` on the stream; `metadata` holds `cu_seqlens_q`, `cu_seqlens_k` and
+    /// `tile_start`, one after another (as for CUDA).
+    pub fn launch(&self, plan: &Plan, metadata: &[i32]) -> Result<(), Error> {
+        let kernels = self.kernels(plan.variant)?;
+        let metadata_buffer = self.upload(bytemuck::cast_slice(metadata))?;
+        let batch = plan.params.batch as u64;
+        let mut params = plan.params;
+        params.cu_seqlens_q = metadata_buffer.address();
+        params.cu_seqlens_k = params.cu_seqlens_q + 4 * (batch + 1);
+        params.tile_start = params.cu_seqlens_q + 8 * (batch + 1);
+        let (partial_out_len, partial_lse_len) = plan.partial_lens();
+        let workspace = if plan.splits > 1 {
+            Some(self.upload(&vec![0u8; 4 * (partial_out_len + partial_lse_len)])?)
+        } else {
+            None
+        };
+        if let Some(w) = &workspace {
+            params.partial_out = w.address();
+            params.partial_lse = params.partial_out + 4 * partial_out_len as u64;
+        }
+        let mut argument: *mut c_void = (&mut params as *mut super::plan::KernelParams).cast();
+        if plan.tiles > 0 {
+            let (gx, gy, gz) = plan.grid();
+            // SAFETY: one kernel argument, the parameter block, whose pointers are live device
+            // allocations of the sizes the kernel indexes (as for CUDA).
+            unsafe {
+                check(
+                    "launching the attention kernel",
+                    (self.api.launch)(
+                        kernels.attention,
+                        gx,
+                        gy,
+                        gz,
+                        super::plan::THREADS_AMD,
+                        1,
+                        1,
+                        plan.variant.shared_bytes() as c_uint,
+                        self.stream,
+                        &mut argument,
+                        core::ptr::null_mut(),
+                    ),
+                )?;
+                if plan.splits > 1 {
+                    let (blocks, threads) = plan.merge_grid();
+                    check(
+                        "launching the merge kernel",
+                        (self.api.launch)(
+                            kernels.merge,
+                            blocks.max(1),
+                            1,
+                            1,
+                            threads,
+                            1,
+                            1,
+                            0,
+                            self.stream,
+                            &mut argument,
+                            core::ptr::null_mut(),
+                        ),
+                    )?;
+                }
+            }
+        }
+        // The temporaries must outlive the kernels: hipFree would wait anyway, but be explicit.
+        self.synchronize()?;
+        drop(workspace);
+        drop(metadata_buffer);
+        Ok(())
+    }
+
+    /// Milliseconds of GPU time that `work` enqueues (HIP events).
+    pub fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
+        let (mut start, mut end): (Event, Event) = (core::ptr::null_mut(), core::ptr::null_mut());
+        let mut ms = 0f32;
+        // SAFETY: HIP's documented event calls on live handles and out-pointers.
+        unsafe {
+            check("hipEventCreate", (self.api.event_create)(&mut start))?;
+            check("hipEventCreate", (self.api.event_create)(&mut end))?;
+            check("hipEventRecord", (self.api.event_record)(start, self.stream))?;
+            work()?;
+            check("hipEventRecord", (self.api.event_record)(end, self.stream))?;
+            check("hipEventSynchronize", (self.api.event_synchronize)(end))?;
+            check("hipEventElapsedTime", (self.api.event_elapsed)(&mut ms, start, end))?;
+        }
+        Ok(ms)
+    }
+}

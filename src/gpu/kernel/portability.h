@@ -1,0 +1,114 @@
+// Portability header of the attention kernel: the kernel is written in HIP C++ and compiled by
+// hipRTC/hipcc on AMD GPUs, or by NVRTC on NVIDIA GPUs, where this header supplies what HIP
+// would. Everything platform-specific lives here or behind VA_NVIDIA / VA_AMD in the kernel.
+//
+// No system headers: NVRTC runs without a CUDA toolkit (and without cuda_bf16.h), so bf16 and
+// f16 values travel as raw 16-bit patterns and are converted with explicit instructions.
+
+#pragma once
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__) && !defined(__CUDACC_RTC__)
+#define VA_AMD 1
+#else
+#define VA_NVIDIA 1
+#endif
+
+typedef unsigned short va_u16;
+typedef unsigned int va_u32;
+typedef unsigned long long va_u64;
+typedef long long va_i64;
+
+#if defined(VA_NVIDIA)
+#define VA_WARP 32
+#define VA_DEVICE __device__ __forceinline__
+
+// HIP spellings on NVIDIA.
+#define __launch_bounds_va(threads) __launch_bounds__(threads)
+VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+#define va_syncthreads() __syncthreads()
+
+#else // VA_AMD
+#include <hip/hip_runtime.h>
+#define VA_WARP 64
+#define VA_DEVICE __device__ __forceinline__
+#define __launch_bounds_va(threads) __launch_bounds__(threads)
+VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor(v, mask); }
+#define va_syncthreads() __syncthreads()
+#endif
+
+// ---- 16-bit floats as bit patterns -------------------------------------------------------
+
+#if defined(VA_IS_F16)
+VA_DEVICE float va_to_float(va_u16 x) {
+#if defined(VA_NVIDIA)
+    float f;
+    asm("{ .reg .f16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(f) : "h"(x));
+    return f;
+#else
+    return (float)__builtin_bit_cast(_Float16, x);
+#endif
+}
+// Two floats to a packed pair (lo in the low half), round to nearest even.
+VA_DEVICE va_u32 va_pack2(float lo, float hi) {
+#if defined(VA_NVIDIA)
+    va_u32 r;
+    asm("{ .reg .f16 a, b; cvt.rn.f16.f32 a, %1; cvt.rn.f16.f32 b, %2; mov.b32 %0, {a, b}; }" : "=r"(r) : "f"(lo), "f"(hi));
+    return r;
+#else
+    va_u16 a = __builtin_bit_cast(va_u16, (_Float16)lo), b = __builtin_bit_cast(va_u16, (_Float16)hi);
+    return (va_u32)a | ((va_u32)b << 16);
+#endif
+}
+#else // bf16
+VA_DEVICE float va_to_float(va_u16 x) { return __uint_as_float(((va_u32)x) << 16); }
+VA_DEVICE va_u32 va_pack2(float lo, float hi) {
+#if defined(VA_NVIDIA)
+    va_u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;" : "=r"(r) : "f"(lo), "f"(hi));
+    return r;
+#else
+    // Round to nearest even by hand (NaN stays NaN).
+    va_u32 a = __float_as_uint(lo), b = __float_as_uint(hi);
+    a = (a & 0x7fffffffu) > 0x7f800000u ? (a | 0x400000u) : a + 0x7fffu + ((a >> 16) & 1u);
+    b = (b & 0x7fffffffu) > 0x7f800000u ? (b | 0x400000u) : b + 0x7fffu + ((b >> 16) & 1u);
+    return (a >> 16) | (b & 0xffff0000u);
+#endif
+}
+#endif
+
+VA_DEVICE va_u16 va_from_float(float x) { return (va_u16)(va_pack2(x, 0.0f) & 0xffffu); }
+
+// ---- NVIDIA: asynchronous copies, ldmatrix, mma ----------------------------------------------
+
+#if defined(VA_NVIDIA)
+VA_DEVICE va_u32 va_smem_addr(const void* p) { return (va_u32)__cvta_generic_to_shared(p); }
+
+// Copies `bytes` (0 to 16) from global to shared memory, zero-filling the rest of 16.
+VA_DEVICE void va_copy16(void* smem, const void* gmem, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(va_smem_addr(smem)), "l"(gmem), "r"(bytes));
+}
+VA_DEVICE void va_copy_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> VA_DEVICE void va_copy_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+VA_DEVICE void va_ldmatrix_x4(va_u32 (&r)[4], const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(va_smem_addr(smem)));
+}
+VA_DEVICE void va_ldmatrix_x4_trans(va_u32 (&r)[4], const void* smem) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(va_smem_addr(smem)));
+}
+
+// D = A (16x16, row) * B (16x8, col) + C, f32 accumulators.
+VA_DEVICE void va_mma_16816(float (&c)[4], const va_u32 (&a)[4], va_u32 b0, va_u32 b1) {
+#if defined(VA_IS_F16)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+#endif
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif

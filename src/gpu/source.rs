@@ -1,0 +1,70 @@
+//! The kernel's one source, assembled for the run-time compilers (NVRTC on NVIDIA, hipRTC on
+//! AMD): the portability header is inlined, since neither compiler sees our files.
+
+use super::plan::Variant;
+
+/// The HIP C++ source with `portability.h` inlined.
+pub(crate) fn kernel_source() -> String {
+    const HEADER: &str = include_str!("kernel/portability.h");
+    const KERNEL: &str = include_str!("kernel/attention.hip");
+    KERNEL.replace("#include \"portability.h\"", HEADER)
+}
+
+/// NVRTC options for `variant` on compute capability `major.minor`: `sm_90a` on Hopper (so
+/// the architecture-specific instructions are allowed), `sm_XY` elsewhere.
+pub(crate) fn nvrtc_options(variant: &Variant, major: i32, minor: i32) -> Vec<String> {
+    let suffix = if (major, minor) == (9, 0) { "a" } else { "" };
+    let mut options = vec![format!("--gpu-architecture=sm_{major}{minor}{suffix}"), "--std=c++17".to_string()];
+    options.extend(variant.defines());
+    options
+}
+
+/// hipRTC options for `variant` on the AMD architecture `arch` (e.g. `gfx90a`).
+pub(crate) fn hiprtc_options(variant: &Variant, arch: &str) -> Vec<String> {
+    let mut options = vec![format!("--offload-arch={arch}"), "-O3".to_string(), "-std=c++17".to_string()];
+    options.extend(variant.defines());
+    options
+}
+
+/// The variants the compile check covers: the seed's head dims, odd ones, the extremes,
+/// D_v ≠ D, both element types.
+pub(crate) fn compile_check_variants() -> Vec<Variant> {
+    let mut all = Vec::new();
+    for (d, dv) in [(72, 72), (128, 128), (64, 64), (80, 80), (96, 96), (256, 256), (7, 7), (33, 65), (1, 1), (200, 40)]
+    {
+        for f16 in [false, true] {
+            let head_dim_pad = usize::next_multiple_of(d, 16);
+            let head_dim_v_pad = usize::next_multiple_of(dv, 16);
+            let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 64 } else { 32 };
+            all.push(Variant { head_dim_pad, head_dim_v_pad, block_n, f16 });
+        }
+    }
+    all
+}
+
+/// Compiles every kernel variant CI checks with NVRTC for compute capability `major.minor`,
+/// without a GPU (only `libnvrtc` is needed); returns how many compiled.
+///
+/// ```no_run
+/// // CI: LD_LIBRARY_PATH points at PyPI's nvidia-cuda-nvrtc wheel.
+/// assert!(varlen_attn::gpu::compile_check_nvidia(9, 0)? > 0);
+/// # Ok::<(), varlen_attn::Error>(())
+/// ```
+///
+/// # Errors
+/// [`Error::NoDevice`] without NVRTC; [`Error::Gpu`] with the compiler's log for the first
+/// variant that fails.
+pub fn compile_check_nvidia(major: i32, minor: i32) -> Result<usize, crate::Error> {
+    // SAFETY: asks the dynamic loader whether the library can be opened; nothing else.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(crate::Error::NoDevice("NVRTC (libnvrtc.so.13) was not found".into()));
+    }
+    let variants = compile_check_variants();
+    for variant in &variants {
+        let options =
+            cudarc::nvrtc::CompileOptions { options: nvrtc_options(variant, major, minor), ..Default::default() };
+        cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), options)
+            .map_err(|e| crate::Error::Gpu(format!("sm_{major}{minor}: {variant:?}: {e}")))?;
+    }
+    Ok(variants.len())
+}

@@ -1,0 +1,132 @@
+//! The property suite of `agreement.rs` against the GPU (`Backend::Gpu`), plus the seed's
+//! shapes and the device-resident API. Needs the `gpu` feature and a GPU; without one every test
+//! prints why it is skipped (it does not pass silently: the message names the missing piece).
+//!
+//! On the H200: `../shared/tools/gpu-bundle test --test gpu`, then `bash .gpu-bin/run-all.sh`.
+
+#![cfg(feature = "gpu")]
+
+mod common;
+
+use common::cases::{case, check};
+use half::{bf16, f16};
+use proptest::prelude::*;
+use varlen_attn::gpu::{forward_device, Device, DeviceTensor, DeviceTensorMut};
+use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, CpuIsa, Params};
+
+/// The device, or `None` after printing why there is none.
+fn device() -> Option<Device> {
+    match Device::open(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("note: skipping the GPU tests: {e}");
+            None
+        }
+    }
+}
+
+const GPU: [(Backend, CpuIsa); 1] = [(Backend::Gpu, CpuIsa::Auto)];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn bf16_on_the_gpu_matches_the_oracle(c in case()) {
+        if device().is_some() {
+            check::<bf16>(&c, &GPU)?;
+        }
+    }
+
+    #[test]
+    fn f16_on_the_gpu_matches_the_oracle(c in case()) {
+        if device().is_some() {
+            check::<f16>(&c, &GPU)?;
+        }
+    }
+}
+
+#[test]
+fn seed_shapes_on_the_gpu_match_the_oracle() {
+    if device().is_none() {
+        return;
+    }
+    for index in [0, 2, 11, 14, 20] {
+        let shape = SEED_SHAPES[index];
+        let [q, k, v] = shape.random_inputs::<bf16>(index as u64);
+        let cu = shape.cu_seqlens();
+        let params = Params { backend: Backend::Gpu, ..Params::default() };
+        let (out, lse) = varlen_attn::forward_with_lse(q.view(), k.view(), v.view(), &cu, &cu, &params).unwrap();
+        let rows: Vec<usize> = (0..shape.tokens()).step_by(shape.tokens().div_ceil(256).max(1)).collect();
+        let reference = oracle::reference_rows(q.view(), k.view(), v.view(), &cu, &cu, &params, &rows).unwrap();
+        let report = reference.compare(out.view());
+        eprintln!("shape {index}: {report}");
+        assert!(report.worst.is_none(), "shape {index}: {report}");
+        assert!(reference.compare_lse(lse.view()).worst.is_none());
+    }
+}
+
+#[test]
+fn device_resident_api_matches_the_host_api() {
+    let Some(device) = device() else { return };
+    let shape = SEED_SHAPES[12];
+    let [q, k, v] = shape.random_inputs::<bf16>(3);
+    let cu = shape.cu_seqlens();
+    let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
+    let (qd, kd, vd) = (
+        device.upload(q.as_slice().unwrap()).unwrap(),
+        device.upload(k.as_slice().unwrap()).unwrap(),
+        device.upload(v.as_slice().unwrap()).unwrap(),
+    );
+    let mut out = device.zeros::<bf16>(q.len()).unwrap();
+    let mut lse = device.zeros::<f32>(shape.tokens() * shape.num_heads).unwrap();
+    forward_device(
+        &device,
+        DeviceTensor::new(&qd, dims).unwrap(),
+        DeviceTensor::new(&kd, dims).unwrap(),
+        DeviceTensor::new(&vd, dims).unwrap(),
+        &cu,
+        &cu,
+        &Params::default(),
+        DeviceTensorMut::new(&mut out, dims).unwrap(),
+        Some(&mut lse),
+    )
+    .unwrap();
+    let got = device.download(&out).unwrap();
+    let host = varlen_attn::forward_with_lse(
+        q.view(),
+        k.view(),
+        v.view(),
+        &cu,
+        &cu,
+        &Params { backend: Backend::Gpu, ..Params::default() },
+    )
+    .unwrap();
+    assert_eq!(got, host.0.as_slice().unwrap());
+    assert_eq!(device.download(&lse).unwrap(), host.1.as_slice().unwrap());
+    // A bad cu_seqlens is refused before anything runs on the device.
+    let err = forward_device(
+        &device,
+        DeviceTensor::new(&qd, dims).unwrap(),
+        DeviceTensor::new(&kd, dims).unwrap(),
+        DeviceTensor::new(&vd, dims).unwrap(),
+        &[0, 5],
+        &cu,
+        &Params::default(),
+        DeviceTensorMut::new(&mut out, dims).unwrap(),
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(err, varlen_attn::Error::CuSeqlens { .. }), "{err}");
+}
+
+#[test]
+fn f32_is_refused_on_the_gpu_and_served_by_the_cpu_on_auto() {
+    if device().is_none() {
+        return;
+    }
+    let x = ndarray::Array3::<f32>::ones((4, 2, 8));
+    let gpu = Params { backend: Backend::Gpu, ..Params::default() };
+    let err = varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 4], &[0, 4], &gpu).unwrap_err();
+    assert!(matches!(err, varlen_attn::Error::GpuUnsupported(_)), "{err}");
+    assert!(varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 4], &[0, 4], &Params::default()).is_ok());
+}
