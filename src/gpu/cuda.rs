@@ -28,6 +28,8 @@ pub(crate) struct CudaDevice {
     capability: (i32, i32),
     multiprocessors: usize,
     kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
+    /// The key-split workspace, kept between calls (they are ordered on the one stream).
+    workspace: Mutex<Option<CudaSlice<u8>>>,
 }
 
 fn gpu_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -72,7 +74,14 @@ impl CudaDevice {
             .map_err(gpu_error("reading the multiprocessor count"))? as usize;
         let name = context.name().unwrap_or_else(|_| "NVIDIA GPU".into());
         let stream = context.new_stream().map_err(gpu_error("creating a stream"))?;
-        Ok(CudaDevice { stream, name, capability, multiprocessors, kernels: Mutex::new(HashMap::new()) })
+        Ok(CudaDevice {
+            stream,
+            name,
+            capability,
+            multiprocessors,
+            kernels: Mutex::new(HashMap::new()),
+            workspace: Mutex::new(None),
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -97,6 +106,19 @@ impl CudaDevice {
         };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(source::kernel_source(), options)
             .map_err(|e| Error::Gpu(format!("NVRTC could not compile the kernel for {variant:?}: {e}")))?;
+        // For tuning: VARLEN_ATTN_DUMP_PTX=folder keeps each variant's PTX (for `ptxas -v`).
+        if let Some(folder) = std::env::var_os("VARLEN_ATTN_DUMP_PTX") {
+            let path = std::path::Path::new(&folder).join(format!(
+                "attention_d{}_dv{}_n{}_{}.ptx",
+                variant.head_dim_pad,
+                variant.head_dim_v_pad,
+                variant.block_n,
+                if variant.f16 { "f16" } else { "bf16" }
+            ));
+            if let Err(e) = std::fs::write(&path, ptx.to_src()) {
+                log::warn!("varlen-attn: could not write {}: {e}", path.display());
+            }
+        }
         let module = self.stream.context().load_module(ptx).map_err(gpu_error("loading the compiled kernel"))?;
         let attention =
             module.load_function("va_attention_forward").map_err(gpu_error("finding va_attention_forward"))?;
@@ -136,21 +158,33 @@ impl CudaDevice {
     }
 
     /// Enqueues `plan` (whose tensor pointers are filled in) on the stream; `metadata` holds
-    /// `cu_seqlens_q`, `cu_seqlens_k` and the plan's `tile_start`, one after another.
+    /// `cu_seqlens_q`, `cu_seqlens_k` and the plan's `tile_start`, one after another, and is
+    /// copied over unless the plan carries it inline.
     pub fn launch(&self, plan: &Plan, metadata: &[i32]) -> Result<(), Error> {
         let kernels = self.kernels(plan.variant)?;
-        let metadata_buffer = self.upload(bytemuck::cast_slice(metadata))?;
-        let base = self.address(&metadata_buffer);
-        let batch = plan.params.batch as u64;
         let mut params = plan.params;
-        params.cu_seqlens_q = base;
-        params.cu_seqlens_k = base + 4 * (batch + 1);
-        params.tile_start = base + 8 * (batch + 1);
+        let metadata_buffer = if params.inline_metadata == 0 {
+            let buffer = self.upload(bytemuck::cast_slice(metadata))?;
+            let (base, batch) = (self.address(&buffer), plan.params.batch as u64);
+            params.cu_seqlens_q = base;
+            params.cu_seqlens_k = base + 4 * (batch + 1);
+            params.tile_start = base + 8 * (batch + 1);
+            Some(buffer)
+        } else {
+            None
+        };
         let (partial_out_len, partial_lse_len) = plan.partial_lens();
-        let workspace = if plan.splits > 1 { Some(self.alloc(4 * (partial_out_len + partial_lse_len))?) } else { None };
-        if let Some(w) = &workspace {
-            params.partial_out = self.address(w);
-            params.partial_lse = params.partial_out + 4 * partial_out_len as u64;
+        let mut workspace =
+            self.workspace.lock().map_err(|_| Error::Gpu("the workspace lock was poisoned by a panic".into()))?;
+        if plan.splits > 1 {
+            let bytes = 4 * (partial_out_len + partial_lse_len);
+            if workspace.as_ref().is_none_or(|w| w.len() < bytes) {
+                *workspace = Some(self.alloc(bytes)?);
+            }
+            if let Some(w) = workspace.as_ref() {
+                params.partial_out = self.address(w);
+                params.partial_lse = params.partial_out + 4 * partial_out_len as u64;
+            }
         }
         if plan.tiles > 0 {
             let config = LaunchConfig {
@@ -175,7 +209,6 @@ impl CudaDevice {
                 unsafe { launch.launch(config) }.map_err(gpu_error("launching the merge kernel"))?;
             }
         }
-        drop(workspace);
         drop(metadata_buffer);
         Ok(())
     }
@@ -183,8 +216,9 @@ impl CudaDevice {
     /// Milliseconds of GPU time that `work` enqueues on the stream (device events).
     pub fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
         let context = self.stream.context();
-        let start = context.new_event(None).map_err(gpu_error("creating an event"))?;
-        let end = context.new_event(None).map_err(gpu_error("creating an event"))?;
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let start = context.new_event(timing).map_err(gpu_error("creating an event"))?;
+        let end = context.new_event(timing).map_err(gpu_error("creating an event"))?;
         start.record(&self.stream).map_err(gpu_error("recording an event"))?;
         work()?;
         end.record(&self.stream).map_err(gpu_error("recording an event"))?;

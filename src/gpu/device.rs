@@ -421,7 +421,11 @@ fn run_on_device<T: Element>(
         None => 0,
     };
     let (cu_q, cu_k) = problem.cu_seqlens();
-    let metadata: Vec<i32> = cu_q.iter().chain(cu_k).chain(&plan.tile_start).copied().collect();
+    let metadata: Vec<i32> = if plan.inline_metadata(cu_q, cu_k) {
+        Vec::new()
+    } else {
+        cu_q.iter().chain(cu_k).chain(&plan.tile_start).copied().collect()
+    };
     device.launch(&plan, &metadata)
 }
 
@@ -491,19 +495,22 @@ pub(crate) fn forward<T: Element>(
         }
         let device = default_device()?;
         let pad = |d: usize| d.next_multiple_of(8);
-        let packed = |a: &ArrayView3<T>| -> (Vec<T>, [usize; 3], usize) {
+        // Contiguous tensors whose rows are whole 16-byte pieces go over as they are; others are
+        // first packed into such rows.
+        let upload = |a: &ArrayView3<T>| -> Result<(DeviceBuffer<T>, [usize; 3], usize), Error> {
             let (t, h, d) = a.dim();
+            if let (Some(slice), true) = (a.as_slice(), d % 8 == 0) {
+                return Ok((device.upload(slice)?, [t, h, d], d));
+            }
             let row = pad(d);
             let mut host = vec![T::default(); t * h * row];
             for ((ti, hi, di), &x) in a.indexed_iter() {
                 host[(ti * h + hi) * row + di] = x;
             }
-            (host, [t, h, d], row)
+            Ok((device.upload(&host)?, [t, h, d], row))
         };
-        let (q_host, q_shape, q_row) = packed(&q);
-        let (k_host, k_shape, k_row) = packed(&k);
-        let (v_host, v_shape, v_row) = packed(&v);
-        let (qb, kb, vb) = (device.upload(&q_host)?, device.upload(&k_host)?, device.upload(&v_host)?);
+        let ((qb, q_shape, q_row), (kb, k_shape, k_row), (vb, v_shape, v_row)) =
+            (upload(&q)?, upload(&k)?, upload(&v)?);
         let [t, h, dv] = problem.out_shape();
         let out_row = pad(dv);
         let mut ob = device.zeros::<T>((t * h * out_row).max(1))?;
@@ -522,8 +529,13 @@ pub(crate) fn forward<T: Element>(
             lb.as_mut(),
         )?;
         let result = device.download(&ob)?;
-        for ((ti, hi, di), o) in out.indexed_iter_mut() {
-            *o = result[(ti * h + hi) * out_row + di];
+        match out.as_slice_mut() {
+            Some(slice) if out_row == dv => slice.copy_from_slice(&result[..slice.len()]),
+            _ => {
+                for ((ti, hi, di), o) in out.indexed_iter_mut() {
+                    *o = result[(ti * h + hi) * out_row + di];
+                }
+            }
         }
         if let (Some(mut lse), Some(lb)) = (lse, lb) {
             let values = device.download(&lb)?;

@@ -353,12 +353,17 @@ impl HipDevice {
     /// `tile_start`, one after another (as for CUDA).
     pub fn launch(&self, plan: &Plan, metadata: &[i32]) -> Result<(), Error> {
         let kernels = self.kernels(plan.variant)?;
-        let metadata_buffer = self.upload(bytemuck::cast_slice(metadata))?;
-        let batch = plan.params.batch as u64;
         let mut params = plan.params;
-        params.cu_seqlens_q = metadata_buffer.address();
-        params.cu_seqlens_k = params.cu_seqlens_q + 4 * (batch + 1);
-        params.tile_start = params.cu_seqlens_q + 8 * (batch + 1);
+        let metadata_buffer = if params.inline_metadata == 0 {
+            let buffer = self.upload(bytemuck::cast_slice(metadata))?;
+            let batch = plan.params.batch as u64;
+            params.cu_seqlens_q = buffer.address();
+            params.cu_seqlens_k = params.cu_seqlens_q + 4 * (batch + 1);
+            params.tile_start = params.cu_seqlens_q + 8 * (batch + 1);
+            Some(buffer)
+        } else {
+            None
+        };
         let (partial_out_len, partial_lse_len) = plan.partial_lens();
         let workspace = if plan.splits > 1 {
             Some(self.upload(&vec![0u8; 4 * (partial_out_len + partial_lse_len)])?)

@@ -4,8 +4,6 @@
 
 use crate::problem::Problem;
 
-/// Query rows per block (4 warps of 16 rows; on AMD 4 waves of 16).
-pub(crate) const BLOCK_M: usize = 64;
 /// Threads per block on NVIDIA (4 warps of 32) and AMD (4 waves of 64).
 pub(crate) const THREADS_NVIDIA: u32 = 128;
 pub(crate) const THREADS_AMD: u32 = 256;
@@ -21,17 +19,40 @@ pub(crate) struct Variant {
     pub head_dim_v_pad: usize,
     /// Keys per shared-memory tile.
     pub block_n: usize,
+    /// Query rows per warp (16 or 32); the block has 4 warps.
+    pub rows_per_warp: usize,
+    /// Whether Q's fragments stay in registers (else re-read from shared memory per step).
+    pub q_in_registers: bool,
     pub f16: bool,
 }
 
 impl Variant {
-    pub fn for_problem(problem: &Problem, f16: bool) -> Self {
-        let head_dim_pad = problem.head_dim.next_multiple_of(16);
-        let head_dim_v_pad = problem.head_dim_v.next_multiple_of(16);
+    /// The variant for head dims `d` and `dv`: each padded up to the next of a few widths
+    /// (multiples of the MMA's 16), so that a handful of compiled kernels serve every head dim;
+    /// the common ones (64, 72 → 80, 96, 128, 256) pad no further than the MMA needs.
+    pub fn new(d: usize, dv: usize, f16: bool) -> Self {
+        const WIDTHS: [usize; 7] = [32, 64, 80, 96, 128, 192, 256];
+        let width = |x: usize| WIDTHS.into_iter().find(|&w| w >= x).unwrap_or(x.next_multiple_of(16));
+        let (head_dim_pad, head_dim_v_pad) = (width(d), width(dv));
         // Wide heads get narrower key tiles, so shared memory and registers still allow two
         // blocks per multiprocessor.
         let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 64 } else { 32 };
-        Variant { head_dim_pad, head_dim_v_pad, block_n, f16 }
+        // Two 16-row tiles per warp halve the shared-memory reads per MMA, where the registers
+        // allow it (FlashAttention-2 does the same); beyond 96 columns Q's fragments then leave
+        // the registers to the accumulators.
+        let widest = head_dim_pad.max(head_dim_v_pad);
+        let rows_per_warp = if widest <= 128 { 32 } else { 16 };
+        let q_in_registers = widest <= 96 || rows_per_warp == 16;
+        Variant { head_dim_pad, head_dim_v_pad, block_n, rows_per_warp, q_in_registers, f16 }
+    }
+
+    /// Query rows per block.
+    pub fn block_m(&self) -> usize {
+        4 * self.rows_per_warp
+    }
+
+    pub fn for_problem(problem: &Problem, f16: bool) -> Self {
+        Self::new(problem.head_dim, problem.head_dim_v, f16)
     }
 
     /// The `-D` definitions the kernel source expects.
@@ -40,6 +61,8 @@ impl Variant {
             format!("-DVA_HEAD_DIM_PAD={}", self.head_dim_pad),
             format!("-DVA_HEAD_DIM_V_PAD={}", self.head_dim_v_pad),
             format!("-DVA_BLOCK_N={}", self.block_n),
+            format!("-DVA_ROWS_PER_WARP={}", self.rows_per_warp),
+            format!("-DVA_Q_IN_REGISTERS={}", u8::from(self.q_in_registers)),
         ];
         if self.f16 {
             d.push("-DVA_IS_F16=1".into());
@@ -51,13 +74,13 @@ impl Variant {
     pub fn shared_bytes(&self) -> usize {
         let q_stride = self.head_dim_pad + 8;
         let v_stride = self.head_dim_v_pad + 8;
-        2 * (BLOCK_M * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride)
+        2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride)
     }
 }
 
 /// The kernel's parameter block; must match `VaParams` in `kernel/attention.hip` field by field.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct KernelParams {
     pub q: u64,
     pub k: u64,
@@ -89,7 +112,23 @@ pub(crate) struct KernelParams {
     pub scale_log2: f32,
     pub softcap: f32,
     pub scale_over_softcap: f32,
+    pub inline_metadata: i32,
+    pub metadata: [i32; INLINE_METADATA],
 }
+
+/// Room for cu_seqlens_q, cu_seqlens_k and tile_start in the parameter block: batches of up to
+/// 64 sequences launch with no copy to the device first (3 × 65 entries, which also leaves the
+/// struct without padding). Must match `VA_INLINE_METADATA`.
+pub(crate) const INLINE_METADATA: usize = 195;
+
+impl Default for KernelParams {
+    fn default() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}
+
+// SAFETY: every field is an integer or a float, for which all-zero bytes are a valid value.
+unsafe impl bytemuck::Zeroable for KernelParams {}
 
 /// Element strides of a `[tokens, heads, dims]` tensor on the device (the dims are contiguous).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,7 +168,7 @@ impl Plan {
         for b in 0..problem.batch() {
             tile_start.push(tiles as i32);
             let s = problem.sequence(b);
-            tiles += s.q_len.div_ceil(BLOCK_M);
+            tiles += s.q_len.div_ceil(variant.block_m());
             longest_keys = longest_keys.max(s.k_len);
         }
         tile_start.push(tiles as i32);
@@ -172,6 +211,18 @@ impl Plan {
         Plan { variant, tile_start, tiles, splits, params }
     }
 
+    /// Puts cu_seqlens and tile_start into the parameter block when they fit (then the kernel
+    /// needs no copy before it runs); returns whether they did.
+    pub fn inline_metadata(&mut self, cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> bool {
+        let all: Vec<i32> = cu_seqlens_q.iter().chain(cu_seqlens_k).chain(&self.tile_start).copied().collect();
+        if all.len() > INLINE_METADATA {
+            return false;
+        }
+        self.params.metadata[..all.len()].copy_from_slice(&all);
+        self.params.inline_metadata = 1;
+        true
+    }
+
     /// Grid of the attention kernel: (query tiles, heads, splits).
     pub fn grid(&self) -> (u32, u32, u32) {
         (self.tiles as u32, self.params.heads as u32, self.splits as u32)
@@ -197,8 +248,9 @@ mod tests {
 
     #[test]
     fn params_match_the_kernel_struct_layout() {
-        // 10 pointers, 8 strides, 11 four-byte fields, padded to 8.
-        assert_eq!(core::mem::size_of::<KernelParams>(), 192);
+        // 10 pointers, 8 strides, 13 four-byte fields and the 195-entry array: no padding.
+        assert_eq!(core::mem::size_of::<KernelParams>(), 80 + 64 + 4 * (13 + INLINE_METADATA));
+        assert_eq!(core::mem::size_of::<KernelParams>() % 8, 0);
     }
 
     #[test]
@@ -209,9 +261,19 @@ mod tests {
         let s = Strides { token: 144, head: 72 };
         let plan =
             Plan::new(&problem, false, 132, s, Strides { token: 72, head: 72 }, Strides { token: 72, head: 72 }, s);
-        assert_eq!(plan.tile_start, vec![0, 1, 1, 3]);
-        assert_eq!(plan.grid(), (3, 2, 1));
-        assert_eq!(plan.variant, Variant { head_dim_pad: 80, head_dim_v_pad: 80, block_n: 64, f16: false });
+        assert_eq!(plan.tile_start, vec![0, 1, 1, 2]);
+        assert_eq!(plan.grid(), (2, 2, 1));
+        assert_eq!(
+            plan.variant,
+            Variant {
+                head_dim_pad: 80,
+                head_dim_v_pad: 80,
+                block_n: 64,
+                rows_per_warp: 32,
+                q_in_registers: true,
+                f16: false
+            }
+        );
     }
 
     #[test]

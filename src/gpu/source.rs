@@ -33,10 +33,7 @@ pub(crate) fn compile_check_variants() -> Vec<Variant> {
     for (d, dv) in [(72, 72), (128, 128), (64, 64), (80, 80), (96, 96), (256, 256), (7, 7), (33, 65), (1, 1), (200, 40)]
     {
         for f16 in [false, true] {
-            let head_dim_pad = usize::next_multiple_of(d, 16);
-            let head_dim_v_pad = usize::next_multiple_of(dv, 16);
-            let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 64 } else { 32 };
-            all.push(Variant { head_dim_pad, head_dim_v_pad, block_n, f16 });
+            all.push(Variant::new(d, dv, f16));
         }
     }
     all

@@ -11,7 +11,8 @@
 //
 // Compile-time constants (-D): VA_HEAD_DIM_PAD (head_dim rounded up to 16, the MMA's K step),
 // VA_HEAD_DIM_V_PAD (head_dim_v rounded up to 16), VA_BLOCK_N (keys per tile), VA_IS_F16
-// (f16 instead of bf16). BLOCK_M is 16 rows per warp times VA_WARPS.
+// (f16 instead of bf16), VA_ROWS_PER_WARP (16 or 32; BLOCK_M is VA_WARPS times that),
+// VA_Q_IN_REGISTERS (0: Q fragments are re-read from shared memory, for wide heads).
 //
 // The tensor-core code (per warp: the score tile, the softmax on its fragments, the P·V update)
 // is NVIDIA's m16n8k16 `mma.sync` here and AMD's 16x16x16 MFMA under VA_AMD.
@@ -27,16 +28,22 @@
 #ifndef VA_BLOCK_N
 #define VA_BLOCK_N 64
 #endif
+#ifndef VA_ROWS_PER_WARP
+#define VA_ROWS_PER_WARP 16
+#endif
+#ifndef VA_Q_IN_REGISTERS
+#define VA_Q_IN_REGISTERS 1
+#endif
 #define VA_WARPS 4
 #define VA_THREADS (VA_WARPS * VA_WARP)
-#define VA_ROWS_PER_WARP 16
 #define VA_BLOCK_M (VA_WARPS * VA_ROWS_PER_WARP)
 // Shared-memory rows are padded by 8 elements (16 bytes) so that the 8 rows of an ldmatrix
 // land on distinct banks.
 #define VA_Q_STRIDE (VA_HEAD_DIM_PAD + 8)
 #define VA_V_STRIDE (VA_HEAD_DIM_V_PAD + 8)
 
-// Must match `KernelParams` in src/gpu/launch.rs field by field.
+// Must match `KernelParams` in src/gpu/plan.rs field by field.
+#define VA_INLINE_METADATA 195
 struct VaParams {
     const va_u16* q;
     const va_u16* k;
@@ -59,7 +66,18 @@ struct VaParams {
     float scale_log2;        // softmax scale times log2(e) (no soft-cap)
     float softcap;           // 0: none
     float scale_over_softcap;
+    // Small batches carry cu_seqlens_q, cu_seqlens_k and tile_start here, one after another
+    // (batch + 1 each), so a call needs no copy to the device before its launch.
+    int inline_metadata;
+    int metadata[VA_INLINE_METADATA];
 };
+
+// Entry `i` of cu_seqlens_q (which = 0), cu_seqlens_k (1) or tile_start (2).
+VA_DEVICE int va_metadata(const VaParams& p, int which, int i) {
+    if (p.inline_metadata) return p.metadata[which * (p.batch + 1) + i];
+    const int* a = which == 0 ? p.cu_seqlens_q : which == 1 ? p.cu_seqlens_k : p.tile_start;
+    return a[i];
+}
 
 #define VA_LOG2E 1.4426950408889634f
 #define VA_LN2 0.6931471805599453f
@@ -85,7 +103,7 @@ VA_DEVICE void va_load_tile(va_u16* smem, int stride, const va_u16* base, va_i64
     }
 }
 
-extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(const VaParams p) {
+extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(VA_GRID_CONSTANT const VaParams p) {
     extern __shared__ __align__(16) va_u16 smem[];
     va_u16* q_smem = smem;
     va_u16* k_smem = q_smem + VA_BLOCK_M * VA_Q_STRIDE;           // [2][BLOCK_N][Q_STRIDE]
@@ -97,12 +115,12 @@ extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(c
     int lo = 0, hi = p.batch;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
-        if (p.tile_start[mid] <= tile) lo = mid; else hi = mid - 1;
+        if (va_metadata(p, 2, mid) <= tile) lo = mid; else hi = mid - 1;
     }
     const int b = lo;
-    const int q_start = p.cu_seqlens_q[b], lq = p.cu_seqlens_q[b + 1] - q_start;
-    const int k_start = p.cu_seqlens_k[b], lk = p.cu_seqlens_k[b + 1] - k_start;
-    const int m0 = (tile - p.tile_start[b]) * VA_BLOCK_M;
+    const int q_start = va_metadata(p, 0, b), lq = va_metadata(p, 0, b + 1) - q_start;
+    const int k_start = va_metadata(p, 1, b), lk = va_metadata(p, 1, b + 1) - k_start;
+    const int m0 = (tile - va_metadata(p, 2, b)) * VA_BLOCK_M;
     const int kv_head = head / p.group;
     const int offset = lk - lq; // bottom-right alignment of masks
 
@@ -124,9 +142,11 @@ extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(c
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
 
 #if defined(VA_NVIDIA)
-    // ---- NVIDIA: mma.sync m16n8k16. Thread (g = lane / 4, t = lane % 4) holds, of each 16x8
-    // accumulator tile, rows g and g + 8, columns 2t and 2t + 1.
+    // ---- NVIDIA: mma.sync m16n8k16. Each warp owns MT tiles of 16 rows; thread (g = lane / 4,
+    // t = lane % 4) holds, of each 16x8 accumulator tile, rows g and g + 8, columns 2t, 2t + 1.
+    // With MT = 2 every K and V fragment read from shared memory feeds two MMAs.
     const int g = lane / 4, t = lane % 4;
+    constexpr int MT = VA_ROWS_PER_WARP / 16;
     constexpr int KQ = VA_HEAD_DIM_PAD / 16;  // k-steps of the score product
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key accumulator tiles of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column accumulator tiles of an output row
@@ -141,19 +161,35 @@ extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(c
     va_copy_wait<1>();
     va_syncthreads();
 
-    va_u32 qf[KQ][4];
-    {
-        const va_u16* row = q_smem + (warp * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * VA_Q_STRIDE + 8 * (lane / 16);
+    const int warp_first = m0 + warp * VA_ROWS_PER_WARP;
+    // This lane's ldmatrix row of Q, per 16-row tile.
+    const va_u16* q_rows[MT];
 #pragma unroll
-        for (int kk = 0; kk < KQ; ++kk) va_ldmatrix_x4(qf[kk], row + kk * 16);
-    }
+    for (int mt = 0; mt < MT; ++mt)
+        q_rows[mt] = q_smem + (warp * VA_ROWS_PER_WARP + mt * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * VA_Q_STRIDE + 8 * (lane / 16);
+#if VA_Q_IN_REGISTERS
+    va_u32 qf[MT][KQ][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < KQ; ++kk) va_ldmatrix_x4(qf[mt][kk], q_rows[mt] + kk * 16);
+#endif
 
-    float o[NO][4];
+    float o[MT][NO][4];
+    float row_max[MT][2], row_sum[MT][2];
+    int rows[MT][2];
 #pragma unroll
-    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float row_max[2] = {VA_NEG_INF, VA_NEG_INF};
-    float row_sum[2] = {0.0f, 0.0f};
-    const int rows[2] = {m0 + warp * 16 + g, m0 + warp * 16 + g + 8};
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < NO; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+        row_max[mt][0] = row_max[mt][1] = VA_NEG_INF;
+        row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+        rows[mt][0] = warp_first + mt * 16 + g;
+        rows[mt][1] = warp_first + mt * 16 + g + 8;
+    }
+    // Scores stay in `factor` units so that each probability costs one FMA and one ex2:
+    // exp2(s · factor - max · factor).
+    const float factor = p.softcap > 0.0f ? 1.0f : p.scale_log2;
 
     for (int j = j_begin; j < j_end; ++j) {
         const int buf = (j - j_begin) & 1;
@@ -172,82 +208,122 @@ extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(c
         const va_u16* ks = k_smem + buf * VA_BLOCK_N * VA_Q_STRIDE;
         const va_u16* vs = v_smem + buf * VA_BLOCK_N * VA_V_STRIDE;
 
-        // S = Q K^T for this warp's 16 rows and the tile's keys.
-        float s[NS][4];
+        // S = Q K^T for this warp's rows and the tile's keys.
+        float s[MT][NS][4];
 #pragma unroll
-        for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int n = 0; n < NS; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) {
+#if VA_Q_IN_REGISTERS
+#define VA_Q_FRAGMENT(mt) qf[mt][kk]
+#else
+            // Wide heads with two row tiles per warp: Q fragments come from shared memory per
+            // step, leaving the registers to the accumulators.
+            va_u32 qa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) va_ldmatrix_x4(qa[mt], q_rows[mt] + kk * 16);
+#define VA_Q_FRAGMENT(mt) qa[mt]
+#endif
 #pragma unroll
             for (int nn = 0; nn < NS / 2; ++nn) {
                 va_u32 kb[4];
                 va_ldmatrix_x4(kb, ks + (nn * 16 + (lane % 8) + 8 * (lane / 16)) * VA_Q_STRIDE + kk * 16 + 8 * ((lane / 8) % 2));
-                va_mma_16816(s[2 * nn], qf[kk], kb[0], kb[1]);
-                va_mma_16816(s[2 * nn + 1], qf[kk], kb[2], kb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    va_mma_16816(s[mt][2 * nn], VA_Q_FRAGMENT(mt), kb[0], kb[1]);
+                    va_mma_16816(s[mt][2 * nn + 1], VA_Q_FRAGMENT(mt), kb[2], kb[3]);
+                }
             }
+#undef VA_Q_FRAGMENT
         }
 
-        // Scores to base-2 logits, masked keys to -inf, then the online softmax.
-        const int key0 = j * VA_BLOCK_N + 2 * t;
-        float tile_max[2] = {VA_NEG_INF, VA_NEG_INF};
+        // Soft-cap (in base-2 units), masked keys to -inf, then the online softmax. Only tiles
+        // that straddle a boundary (the sequence's end, a window edge, the causal diagonal)
+        // pay for the mask.
+        const int key_lo = j * VA_BLOCK_N, key_hi = key_lo + VA_BLOCK_N;
+        const int warp_last = min(warp_first + VA_ROWS_PER_WARP - 1, lq - 1);
+        const bool masked = key_hi > lk || (p.window_left >= 0 && key_lo < warp_last + offset - p.window_left) ||
+                            (p.window_right >= 0 && key_hi - 1 > warp_first + offset + p.window_right);
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
+        for (int mt = 0; mt < MT; ++mt) {
+            if (p.softcap > 0.0f) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2, key = key0 + n * 8 + (e % 2);
-                float x = s[n][e];
-                x = p.softcap > 0.0f ? p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E : x * p.scale_log2;
-                const int row = rows[r];
-                const bool seen = key < lk && row < lq && (p.window_left < 0 || key >= row + offset - p.window_left) &&
-                                  (p.window_right < 0 || key <= row + offset + p.window_right);
-                x = seen ? x : VA_NEG_INF;
-                s[n][e] = x;
-                tile_max[r] = fmaxf(tile_max[r], x);
+                for (int n = 0; n < NS; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][n][e] = p.softcap * tanhf(s[mt][n][e] * p.scale_over_softcap) * VA_LOG2E;
             }
-        }
-        float alpha[2];
+            if (masked) {
+                const int key0 = key_lo + 2 * t;
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            tile_max[r] = fmaxf(tile_max[r], va_shfl_xor(tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], va_shfl_xor(tile_max[r], 2));
-            const float new_max = fmaxf(row_max[r], tile_max[r]);
-            // A row that has seen only masked keys subtracts 0, not -inf (no NaN from inf - inf).
-            const float shift = new_max == VA_NEG_INF ? 0.0f : new_max;
-            alpha[r] = exp2f(row_max[r] - shift);
-            row_max[r] = new_max;
-            row_sum[r] *= alpha[r];
-        }
+                for (int n = 0; n < NS; ++n) {
 #pragma unroll
-        for (int n = 0; n < NS; ++n) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int r = e / 2;
-                const float shift = row_max[r] == VA_NEG_INF ? 0.0f : row_max[r];
-                const float pe = exp2f(s[n][e] - shift);
-                s[n][e] = pe;
-                row_sum[r] += pe;
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = rows[mt][e / 2], key = key0 + n * 8 + (e % 2);
+                        const bool seen = key < lk && (p.window_left < 0 || key >= row + offset - p.window_left) &&
+                                          (p.window_right < 0 || key <= row + offset + p.window_right);
+                        s[mt][n][e] = seen ? s[mt][n][e] : VA_NEG_INF;
+                    }
+                }
             }
-        }
+            float tile_max[2] = {VA_NEG_INF, VA_NEG_INF};
 #pragma unroll
-        for (int n = 0; n < NO; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+            for (int n = 0; n < NS; ++n) {
+                tile_max[0] = fmaxf(tile_max[0], fmaxf(s[mt][n][0], s[mt][n][1]));
+                tile_max[1] = fmaxf(tile_max[1], fmaxf(s[mt][n][2], s[mt][n][3]));
+            }
+            float alpha[2], shift[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                tile_max[r] = fmaxf(tile_max[r], va_shfl_xor(tile_max[r], 1));
+                tile_max[r] = fmaxf(tile_max[r], va_shfl_xor(tile_max[r], 2));
+                const float new_max = fmaxf(row_max[mt][r], tile_max[r]);
+                // A row that has seen only masked keys subtracts 0, not -inf (no NaN from inf - inf).
+                shift[r] = new_max == VA_NEG_INF ? 0.0f : new_max * factor;
+                alpha[r] = va_exp2(row_max[mt][r] * factor - shift[r]);
+                row_max[mt][r] = new_max;
+                row_sum[mt][r] *= alpha[r];
+            }
+#pragma unroll
+            for (int n = 0; n < NS; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float pe = va_exp2(fmaf(s[mt][n][e], factor, -shift[e / 2]));
+                    s[mt][n][e] = pe;
+                    row_sum[mt][e / 2] += pe;
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                o[mt][n][0] *= alpha[0];
+                o[mt][n][1] *= alpha[0];
+                o[mt][n][2] *= alpha[1];
+                o[mt][n][3] *= alpha[1];
+            }
         }
 
         // O += P V: the score accumulators of two adjacent 8-key tiles are exactly the A
         // fragment of one 16-key step (FlashAttention-2's register reuse).
 #pragma unroll
         for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) {
-            const va_u32 pf[4] = {va_pack2(s[2 * kk][0], s[2 * kk][1]), va_pack2(s[2 * kk][2], s[2 * kk][3]),
-                                  va_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]), va_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            va_u32 pf[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                pf[mt][0] = va_pack2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pf[mt][1] = va_pack2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pf[mt][2] = va_pack2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pf[mt][3] = va_pack2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+            }
 #pragma unroll
             for (int nn = 0; nn < NO / 2; ++nn) {
                 va_u32 vb[4];
                 va_ldmatrix_x4_trans(vb, vs + (kk * 16 + (lane % 8) + 8 * ((lane / 8) % 2)) * VA_V_STRIDE + nn * 16 + 8 * (lane / 16));
-                va_mma_16816(o[2 * nn], pf, vb[0], vb[1]);
-                va_mma_16816(o[2 * nn + 1], pf, vb[2], vb[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    va_mma_16816(o[mt][2 * nn], pf[mt], vb[0], vb[1]);
+                    va_mma_16816(o[mt][2 * nn + 1], pf[mt], vb[2], vb[3]);
+                }
             }
         }
         va_syncthreads(); // the buffer is refilled next iteration
@@ -255,40 +331,40 @@ extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(c
 
     // Finish: the row sums across the quad, then one write of O and the LSE.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        row_sum[r] += va_shfl_xor(row_sum[r], 1);
-        row_sum[r] += va_shfl_xor(row_sum[r], 2);
-    }
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = rows[r];
-        if (row >= lq) continue;
-        const int token = q_start + row;
-        const bool seen = row_sum[r] != 0.0f; // no visible key (or only -inf scores): 0 and -inf
-        const float inv = seen ? 1.0f / row_sum[r] : 0.0f;
-        const float lse = seen ? row_max[r] * VA_LN2 + logf(row_sum[r]) : VA_NEG_INF;
-        if (p.splits == 1) {
-            va_u16* dst = p.out + (va_i64)token * p.out_token_stride + (va_i64)head * p.out_head_stride;
+        for (int r = 0; r < 2; ++r) {
+            float sum = row_sum[mt][r];
+            sum += va_shfl_xor(sum, 1);
+            sum += va_shfl_xor(sum, 2);
+            const int row = rows[mt][r];
+            if (row >= lq) continue;
+            const int token = q_start + row;
+            const bool seen = sum != 0.0f; // no visible key (or only -inf scores): 0 and -inf
+            const float lse = seen ? row_max[mt][r] * factor * VA_LN2 + logf(sum) : VA_NEG_INF;
+            if (p.splits == 1) {
+                va_u16* dst = p.out + (va_i64)token * p.out_token_stride + (va_i64)head * p.out_head_stride;
 #pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                const int col = n * 8 + 2 * t;
-                const float a = seen ? o[n][2 * r] / row_sum[r] : 0.0f, c = seen ? o[n][2 * r + 1] / row_sum[r] : 0.0f;
-                if (col + 1 < p.head_dim_v) {
-                    *(va_u32*)(dst + col) = va_pack2(a, c);
-                } else if (col < p.head_dim_v) {
-                    dst[col] = va_from_float(a);
+                for (int n = 0; n < NO; ++n) {
+                    const int col = n * 8 + 2 * t;
+                    const float a = seen ? o[mt][n][2 * r] / sum : 0.0f, c = seen ? o[mt][n][2 * r + 1] / sum : 0.0f;
+                    if (col + 1 < p.head_dim_v) {
+                        *(va_u32*)(dst + col) = va_pack2(a, c);
+                    } else if (col < p.head_dim_v) {
+                        dst[col] = va_from_float(a);
+                    }
                 }
-            }
-            if (t == 0 && p.lse) p.lse[(va_i64)head * p.total_q + token] = lse;
-        } else {
-            float* dst = p.partial_out + (((va_i64)split * p.total_q + token) * p.heads + head) * VA_HEAD_DIM_V_PAD;
+                if (t == 0 && p.lse) p.lse[(va_i64)head * p.total_q + token] = lse;
+            } else {
+                float* dst = p.partial_out + (((va_i64)split * p.total_q + token) * p.heads + head) * VA_HEAD_DIM_V_PAD;
 #pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                const int col = n * 8 + 2 * t;
-                dst[col] = o[n][2 * r] * inv;
-                dst[col + 1] = o[n][2 * r + 1] * inv;
+                for (int n = 0; n < NO; ++n) {
+                    const int col = n * 8 + 2 * t;
+                    dst[col] = seen ? o[mt][n][2 * r] / sum : 0.0f;
+                    dst[col + 1] = seen ? o[mt][n][2 * r + 1] / sum : 0.0f;
+                }
+                if (t == 0) p.partial_lse[((va_i64)split * p.heads + head) * p.total_q + token] = lse;
             }
-            if (t == 0) p.partial_lse[((va_i64)split * p.heads + head) * p.total_q + token] = lse;
         }
     }
 #else
@@ -299,7 +375,7 @@ extern "C" __global__ void __launch_bounds_va(VA_THREADS) va_attention_forward(c
 
 // Combines the key splits of each (token, head): lse = log Σ exp(lse_s), out = Σ exp(lse_s -
 // lse) out_s. One thread per (token, head, column).
-extern "C" __global__ void va_attention_merge(const VaParams p) {
+extern "C" __global__ void va_attention_merge(VA_GRID_CONSTANT const VaParams p) {
     const va_i64 index = (va_i64)blockIdx.x * blockDim.x + threadIdx.x;
     const va_i64 columns = p.head_dim_v;
     if (index >= (va_i64)p.total_q * p.heads * columns) return;

@@ -24,6 +24,8 @@ typedef long long va_i64;
 
 // HIP spellings on NVIDIA.
 #define __launch_bounds_va(threads) __launch_bounds__(threads)
+// The parameter block stays in constant memory even where the kernel indexes into it.
+#define VA_GRID_CONSTANT __grid_constant__
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
 #define va_syncthreads() __syncthreads()
 
@@ -32,6 +34,7 @@ VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffff
 #define VA_WARP 64
 #define VA_DEVICE __device__ __forceinline__
 #define __launch_bounds_va(threads) __launch_bounds__(threads)
+#define VA_GRID_CONSTANT
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor(v, mask); }
 #define va_syncthreads() __syncthreads()
 #endif
@@ -77,6 +80,17 @@ VA_DEVICE va_u32 va_pack2(float lo, float hi) {
 #endif
 
 VA_DEVICE va_u16 va_from_float(float x) { return (va_u16)(va_pack2(x, 0.0f) & 0xffffu); }
+
+// 2^x with the hardware's approximation (within 2 ulp; subnormal results flush to 0).
+VA_DEVICE float va_exp2(float x) {
+#if defined(VA_NVIDIA)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return __builtin_amdgcn_exp2f(x);
+#endif
+}
 
 // ---- NVIDIA: asynchronous copies, ldmatrix, mma ----------------------------------------------
 
