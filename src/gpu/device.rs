@@ -403,9 +403,11 @@ fn run_on_device<T: Element>(
         return Err(Error::GpuUnsupported("the output's strides must be even (pairs are stored together)".into()));
     }
     let strides = |t: usize, h: usize| Strides { token: t, head: h };
+    let amd = matches!(device.inner, Inner::Hip(_));
     let mut plan = Plan::new(
         problem,
         f16,
+        amd,
         device.multiprocessors(),
         strides(q.token_stride, q.head_stride),
         strides(k.token_stride, k.head_stride),

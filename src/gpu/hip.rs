@@ -76,8 +76,61 @@ struct Api {
     _libraries: Vec<libloading::Library>,
 }
 
+/// With `rocm-link`, HIP itself is linked at build time (hip-runtime-sys's build script adds
+/// libamdhip64); the entry points are declared here with plain integer statuses, so a status
+/// HIP adds in a later release is a number rather than an invalid enum value.
+#[cfg(feature = "rocm-link")]
+mod linked {
+    use super::{c_char, c_int, c_uint, c_void, Event, Function, HipError, Module, Stream};
+    extern "C" {
+        pub fn hipInit(flags: c_uint) -> HipError;
+        pub fn hipGetDeviceCount(count: *mut c_int) -> HipError;
+        pub fn hipSetDevice(device: c_int) -> HipError;
+        pub fn hipDeviceGetName(name: *mut c_char, len: c_int, device: c_int) -> HipError;
+        pub fn hipDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int) -> HipError;
+        pub fn hipMalloc(pointer: *mut *mut c_void, bytes: usize) -> HipError;
+        pub fn hipFree(pointer: *mut c_void) -> HipError;
+        pub fn hipMemcpyHtoD(dst: *mut c_void, src: *const c_void, bytes: usize) -> HipError;
+        pub fn hipMemcpyDtoH(dst: *mut c_void, src: *const c_void, bytes: usize) -> HipError;
+        pub fn hipStreamCreate(stream: *mut Stream) -> HipError;
+        pub fn hipStreamSynchronize(stream: Stream) -> HipError;
+        pub fn hipModuleLoadData(module: *mut Module, image: *const c_void) -> HipError;
+        pub fn hipModuleGetFunction(function: *mut Function, module: Module, name: *const c_char) -> HipError;
+        pub fn hipFuncSetAttribute(function: *const c_void, attribute: c_int, value: c_int) -> HipError;
+        #[allow(clippy::too_many_arguments)]
+        pub fn hipModuleLaunchKernel(
+            f: Function,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shared: c_uint,
+            stream: Stream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> HipError;
+        pub fn hipEventCreate(event: *mut Event) -> HipError;
+        pub fn hipEventRecord(event: Event, stream: Stream) -> HipError;
+        pub fn hipEventSynchronize(event: Event) -> HipError;
+        pub fn hipEventElapsedTime(ms: *mut f32, start: Event, end: Event) -> HipError;
+    }
+
+    // The constants this runtime uses, checked against the linked ROCm's own bindings.
+    const _: () = assert!(
+        hip_runtime_sys::hipDeviceAttribute_t::hipDeviceAttributeMultiprocessorCount as i32
+            == super::ATTRIBUTE_MULTIPROCESSOR_COUNT
+    );
+    const _: () = assert!(
+        hip_runtime_sys::hipFuncAttribute::hipFuncAttributeMaxDynamicSharedMemorySize as i32
+            == super::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED
+    );
+}
+
 impl Api {
-    /// Opens libamdhip64 and libhiprtc (which ROCm 5.2 folds into libamdhip64).
+    /// Opens libamdhip64 and libhiprtc (which ROCm 5.2 folds into libamdhip64); with
+    /// `rocm-link`, HIP is the linked library and only hipRTC is opened.
     fn load() -> Result<Api, String> {
         let open = |names: &[&str]| -> Result<libloading::Library, String> {
             let mut last = String::new();
@@ -94,34 +147,48 @@ impl Api {
         let hip = open(&["libamdhip64.so", "libamdhip64.so.6", "libamdhip64.so.5"])?;
         let rtc = open(&["libhiprtc.so", "libhiprtc.so.6", "libhiprtc.so.5"]).ok();
         macro_rules! symbol {
-            ($lib:expr, $name:literal) => {{
+            ($lib:expr, $name:expr) => {{
+                let name: &[u8] = $name;
                 // SAFETY: the symbol is HIP's documented C entry point with the signature of the
                 // field it is stored in.
-                let s = unsafe { $lib.get($name) }.map_err(|e| format!("{}: {e}", String::from_utf8_lossy($name)))?;
+                let s = unsafe { $lib.get(name) }.map_err(|e| format!("{}: {e}", String::from_utf8_lossy(name)))?;
                 *s
             }};
         }
+        // HIP's own entry points: the linked ones with `rocm-link`, else looked up.
+        #[cfg(feature = "rocm-link")]
+        macro_rules! hip_fn {
+            ($name:ident) => {
+                linked::$name
+            };
+        }
+        #[cfg(not(feature = "rocm-link"))]
+        macro_rules! hip_fn {
+            ($name:ident) => {
+                symbol!(hip, concat!(stringify!($name), "\0").as_bytes())
+            };
+        }
         let rtc_lib = rtc.as_ref().unwrap_or(&hip);
         let api = Api {
-            init: symbol!(hip, b"hipInit\0"),
-            device_count: symbol!(hip, b"hipGetDeviceCount\0"),
-            set_device: symbol!(hip, b"hipSetDevice\0"),
-            device_name: symbol!(hip, b"hipDeviceGetName\0"),
-            device_attribute: symbol!(hip, b"hipDeviceGetAttribute\0"),
-            malloc: symbol!(hip, b"hipMalloc\0"),
-            free: symbol!(hip, b"hipFree\0"),
-            memcpy_htod: symbol!(hip, b"hipMemcpyHtoD\0"),
-            memcpy_dtoh: symbol!(hip, b"hipMemcpyDtoH\0"),
-            stream_create: symbol!(hip, b"hipStreamCreate\0"),
-            stream_synchronize: symbol!(hip, b"hipStreamSynchronize\0"),
-            module_load_data: symbol!(hip, b"hipModuleLoadData\0"),
-            module_get_function: symbol!(hip, b"hipModuleGetFunction\0"),
-            func_set_attribute: symbol!(hip, b"hipFuncSetAttribute\0"),
-            launch: symbol!(hip, b"hipModuleLaunchKernel\0"),
-            event_create: symbol!(hip, b"hipEventCreate\0"),
-            event_record: symbol!(hip, b"hipEventRecord\0"),
-            event_synchronize: symbol!(hip, b"hipEventSynchronize\0"),
-            event_elapsed: symbol!(hip, b"hipEventElapsedTime\0"),
+            init: hip_fn!(hipInit),
+            device_count: hip_fn!(hipGetDeviceCount),
+            set_device: hip_fn!(hipSetDevice),
+            device_name: hip_fn!(hipDeviceGetName),
+            device_attribute: hip_fn!(hipDeviceGetAttribute),
+            malloc: hip_fn!(hipMalloc),
+            free: hip_fn!(hipFree),
+            memcpy_htod: hip_fn!(hipMemcpyHtoD),
+            memcpy_dtoh: hip_fn!(hipMemcpyDtoH),
+            stream_create: hip_fn!(hipStreamCreate),
+            stream_synchronize: hip_fn!(hipStreamSynchronize),
+            module_load_data: hip_fn!(hipModuleLoadData),
+            module_get_function: hip_fn!(hipModuleGetFunction),
+            func_set_attribute: hip_fn!(hipFuncSetAttribute),
+            launch: hip_fn!(hipModuleLaunchKernel),
+            event_create: hip_fn!(hipEventCreate),
+            event_record: hip_fn!(hipEventRecord),
+            event_synchronize: hip_fn!(hipEventSynchronize),
+            event_elapsed: hip_fn!(hipEventElapsedTime),
             rtc_create: symbol!(rtc_lib, b"hiprtcCreateProgram\0"),
             rtc_compile: symbol!(rtc_lib, b"hiprtcCompileProgram\0"),
             rtc_log_size: symbol!(rtc_lib, b"hiprtcGetProgramLogSize\0"),

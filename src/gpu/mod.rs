@@ -25,6 +25,6 @@ mod source;
 
 pub use device::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
 #[cfg(feature = "gpu")]
-pub use source::compile_check_nvidia;
+pub use source::{compile_check_nvidia, hipcc_check_arguments};
 
 pub(crate) use device::{forward, is_usable};

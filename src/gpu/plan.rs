@@ -24,13 +24,15 @@ pub(crate) struct Variant {
     /// Whether Q's fragments stay in registers (else re-read from shared memory per step).
     pub q_in_registers: bool,
     pub f16: bool,
+    /// AMD's wave64 code path (16 rows per wave, probabilities staged in shared memory).
+    pub amd: bool,
 }
 
 impl Variant {
     /// The variant for head dims `d` and `dv`: each padded up to the next of a few widths
     /// (multiples of the MMA's 16), so that a handful of compiled kernels serve every head dim;
     /// the common ones (64, 72 → 80, 96, 128, 256) pad no further than the MMA needs.
-    pub fn new(d: usize, dv: usize, f16: bool) -> Self {
+    pub fn new(d: usize, dv: usize, f16: bool, amd: bool) -> Self {
         const WIDTHS: [usize; 7] = [32, 64, 80, 96, 128, 192, 256];
         let width = |x: usize| WIDTHS.into_iter().find(|&w| w >= x).unwrap_or(x.next_multiple_of(16));
         let (head_dim_pad, head_dim_v_pad) = (width(d), width(dv));
@@ -41,9 +43,9 @@ impl Variant {
         // allow it (FlashAttention-2 does the same); beyond 96 columns Q's fragments then leave
         // the registers to the accumulators.
         let widest = head_dim_pad.max(head_dim_v_pad);
-        let rows_per_warp = if widest <= 128 { 32 } else { 16 };
+        let rows_per_warp = if widest <= 128 && !amd { 32 } else { 16 };
         let q_in_registers = widest <= 96 || rows_per_warp == 16;
-        Variant { head_dim_pad, head_dim_v_pad, block_n, rows_per_warp, q_in_registers, f16 }
+        Variant { head_dim_pad, head_dim_v_pad, block_n, rows_per_warp, q_in_registers, f16, amd }
     }
 
     /// Query rows per block.
@@ -51,8 +53,8 @@ impl Variant {
         4 * self.rows_per_warp
     }
 
-    pub fn for_problem(problem: &Problem, f16: bool) -> Self {
-        Self::new(problem.head_dim, problem.head_dim_v, f16)
+    pub fn for_problem(problem: &Problem, f16: bool, amd: bool) -> Self {
+        Self::new(problem.head_dim, problem.head_dim_v, f16, amd)
     }
 
     /// The `-D` definitions the kernel source expects.
@@ -74,7 +76,8 @@ impl Variant {
     pub fn shared_bytes(&self) -> usize {
         let q_stride = self.head_dim_pad + 8;
         let v_stride = self.head_dim_v_pad + 8;
-        2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride)
+        let staging = if self.amd { self.block_m() * self.block_n } else { 0 };
+        2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride + staging)
     }
 }
 
@@ -152,16 +155,18 @@ pub(crate) struct Plan {
 impl Plan {
     /// Plans `problem` for a GPU with `multiprocessors`, reading q/k/v and writing the output
     /// with the given strides.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         problem: &Problem,
         f16: bool,
+        amd: bool,
         multiprocessors: usize,
         q: Strides,
         k: Strides,
         v: Strides,
         out: Strides,
     ) -> Plan {
-        let variant = Variant::for_problem(problem, f16);
+        let variant = Variant::for_problem(problem, f16, amd);
         let mut tile_start = Vec::with_capacity(problem.batch() + 1);
         let mut tiles = 0usize;
         let mut longest_keys = 0usize;
@@ -259,8 +264,16 @@ mod tests {
         let cu_k = [0, 10, 20, 30];
         let problem = Problem::new([130, 2, 72], [30, 1, 72], [30, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
         let s = Strides { token: 144, head: 72 };
-        let plan =
-            Plan::new(&problem, false, 132, s, Strides { token: 72, head: 72 }, Strides { token: 72, head: 72 }, s);
+        let plan = Plan::new(
+            &problem,
+            false,
+            false,
+            132,
+            s,
+            Strides { token: 72, head: 72 },
+            Strides { token: 72, head: 72 },
+            s,
+        );
         assert_eq!(plan.tile_start, vec![0, 1, 1, 2]);
         assert_eq!(plan.grid(), (2, 2, 1));
         assert_eq!(
@@ -271,7 +284,8 @@ mod tests {
                 block_n: 64,
                 rows_per_warp: 32,
                 q_in_registers: true,
-                f16: false
+                f16: false,
+                amd: false
             }
         );
     }
@@ -281,11 +295,11 @@ mod tests {
         let cu = [0, 720];
         let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
         let s = Strides { token: 288, head: 72 };
-        let plan = Plan::new(&problem, false, 132, s, s, s, s);
+        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
         assert!(plan.splits > 1 && plan.splits <= 720usize.div_ceil(64) / 2, "{}", plan.splits);
         let big = [0, 16384];
         let problem =
             Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
-        assert_eq!(Plan::new(&problem, false, 132, s, s, s, s).splits, 1);
+        assert_eq!(Plan::new(&problem, false, false, 132, s, s, s, s).splits, 1);
     }
 }

@@ -19,6 +19,26 @@ pub(crate) fn nvrtc_options(variant: &Variant, major: i32, minor: i32) -> Vec<St
     options
 }
 
+/// The `hipcc` arguments CI uses to compile-check every AMD variant for `arch` (e.g. `gfx90a`),
+/// one list per variant, to be followed by `-o OUTPUT`; the kernel file is compiled where it
+/// stands (relative to the crate's root), so its header is found.
+///
+/// ```
+/// let all = varlen_attn::gpu::hipcc_check_arguments("gfx90a");
+/// assert!(all[0].contains(&"--offload-arch=gfx90a".to_string()));
+/// ```
+pub fn hipcc_check_arguments(arch: &str) -> Vec<Vec<String>> {
+    compile_check_variants(true)
+        .iter()
+        .map(|v| {
+            let mut args = vec!["--genco".to_string(), format!("--offload-arch={arch}"), "-O3".to_string()];
+            args.extend(v.defines());
+            args.push("src/gpu/kernel/attention.hip".to_string());
+            args
+        })
+        .collect()
+}
+
 /// hipRTC options for `variant` on the AMD architecture `arch` (e.g. `gfx90a`).
 pub(crate) fn hiprtc_options(variant: &Variant, arch: &str) -> Vec<String> {
     let mut options = vec![format!("--offload-arch={arch}"), "-O3".to_string(), "-std=c++17".to_string()];
@@ -28,12 +48,12 @@ pub(crate) fn hiprtc_options(variant: &Variant, arch: &str) -> Vec<String> {
 
 /// The variants the compile check covers: the seed's head dims, odd ones, the extremes,
 /// D_v ≠ D, both element types.
-pub(crate) fn compile_check_variants() -> Vec<Variant> {
+pub(crate) fn compile_check_variants(amd: bool) -> Vec<Variant> {
     let mut all = Vec::new();
     for (d, dv) in [(72, 72), (128, 128), (64, 64), (80, 80), (96, 96), (256, 256), (7, 7), (33, 65), (1, 1), (200, 40)]
     {
         for f16 in [false, true] {
-            all.push(Variant::new(d, dv, f16));
+            all.push(Variant::new(d, dv, f16, amd));
         }
     }
     all
@@ -56,7 +76,7 @@ pub fn compile_check_nvidia(major: i32, minor: i32) -> Result<usize, crate::Erro
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(crate::Error::NoDevice("NVRTC (libnvrtc.so.13) was not found".into()));
     }
-    let variants = compile_check_variants();
+    let variants = compile_check_variants(false);
     for variant in &variants {
         let options =
             cudarc::nvrtc::CompileOptions { options: nvrtc_options(variant, major, minor), ..Default::default() };

@@ -7,10 +7,12 @@
 
 #pragma once
 
-#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC_RTC__) && !defined(__CUDACC_RTC__)
-#define VA_AMD 1
-#else
+// NVRTC (and nvcc) define __CUDACC_RTC__ / __CUDACC__; hipcc, clang's HIP mode and hipRTC
+// define __HIP__ or __HIPCC_RTC__.
+#if (defined(__CUDACC_RTC__) || defined(__CUDACC__)) && !defined(__HIP__)
 #define VA_NVIDIA 1
+#else
+#define VA_AMD 1
 #endif
 
 typedef unsigned short va_u16;
@@ -88,7 +90,7 @@ VA_DEVICE float va_exp2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 #else
-    return __builtin_amdgcn_exp2f(x);
+    return exp2f(x);
 #endif
 }
 
