@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the seed corpus of the `safetensors` fuzz target: small valid attention inputs in
+"""Writes the hand-made seeds of the `safetensors` fuzz target (fuzz/seeds/safetensors): small valid attention inputs in
 bf16, f16 and f32 (as `safetensors.torch.save_file` would), plus near-misses. Needs numpy and
 safetensors from PyPI; the corpus is committed, so this only reruns when the format changes."""
 import os
@@ -8,7 +8,7 @@ import struct
 import numpy as np
 from safetensors.numpy import save
 
-root = os.path.join(os.path.dirname(__file__), "corpus", "safetensors")
+root = os.path.join(os.path.dirname(__file__), "seeds", "safetensors")
 os.makedirs(root, exist_ok=True)
 rng = np.random.default_rng(0)
 
