@@ -266,7 +266,8 @@ pub fn view3<'a, T>(arg: &'static str, view: ArrayViewD<'a, T>) -> Result<ArrayV
 }
 
 /// The CPU instruction set a call with element type `T` and `params.cpu_isa` runs on, e.g. to
-/// label benchmark results.
+/// label benchmark results. (With `CpuIsa::Auto`, problems of under a million multiply-adds
+/// run on AVX-512 BF16 rather than AMX, whose tile set-up would cost more than the work.)
 ///
 /// ```
 /// use varlen_attn::{cpu_isa_for, CpuIsa, Params};

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, CpuIsa, Element, PeakUnit};
 use varlen_attn_cli::Failure;
 
+/// Minimum warm-up time per shape before the timed calls.
+const WARM_UP: Duration = Duration::from_millis(300);
+
 /// Options of the bench command.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -22,7 +25,7 @@ pub struct BenchArgs {
     /// Element type of the random inputs.
     #[arg(long, value_enum, default_value_t = ElementArg::Bf16)]
     pub dtype: ElementArg,
-    /// Timed calls per shape (the table shows the median), after one warm-up call.
+    /// Timed calls per shape (the table shows the median), after 0.3 s of warm-up calls.
     #[arg(long, default_value_t = 5)]
     pub repeats: usize,
     /// Query rows checked against the f64 oracle on shapes of more than 1024 tokens (smaller
@@ -127,14 +130,23 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
         let [q, k, v] = shape.random_inputs::<T>(shape.index as u64);
         let cu = shape.cu_seqlens();
         let mut out = Array3::<T>::default((shape.tokens(), shape.num_heads, shape.head_dim));
-        let mut times = Vec::with_capacity(args.repeats);
-        for call in 0..=args.repeats {
-            let start = Instant::now();
+        let mut call = || {
             varlen_attn::forward_into(q.view(), k.view(), v.view(), &cu, &cu, &params, out.view_mut())
-                .map_err(Failure::from_library)?;
-            if call > 0 {
-                times.push(start.elapsed().as_secs_f64());
-            }
+                .map_err(Failure::from_library)
+        };
+        // Warm up for at least WARM_UP (threads, scratch, the clock and the matrix units come
+        // up to speed), at least one call.
+        let warm_up = Instant::now();
+        call()?;
+        while warm_up.elapsed() < WARM_UP {
+            call()?;
+        }
+        progress.inc(1);
+        let mut times = Vec::with_capacity(args.repeats);
+        for _ in 0..args.repeats {
+            let start = Instant::now();
+            call()?;
+            times.push(start.elapsed().as_secs_f64());
             progress.inc(1);
         }
         times.sort_by(f64::total_cmp);
