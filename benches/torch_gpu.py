@@ -7,6 +7,7 @@ benches/gpu.rs (CUDA events around single calls, median), on the same GPU in the
 Prints one JSON object per shape. Needs PyTorch with CUDA (the H200 machine has 2.11).
 """
 import json
+import os
 import sys
 import warnings
 
@@ -14,21 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-SHAPES = [(16, 72, 720), (16, 72, 1200), (16, 72, 2116), (16, 72, 3844), (16, 72, 8136), (16, 72, 17296),
-          (16, 72, 24368), (16, 72, 49596), (16, 72, 65556), (32, 128, 16742), (32, 128, 30793), (4, 72, 276),
-          (4, 72, 600), (4, 72, 1012), (4, 72, 2024), (4, 72, 4100), (4, 72, 8184), (4, 72, 15476),
-          (4, 72, 24952), (4, 72, 40560), (8, 128, 1)]
-
-
-def parse(arg):
-    out = []
-    for part in arg.split(","):
-        if "-" in part:
-            a, b = part.split("-")
-            out += range(int(a), int(b) + 1)
-        else:
-            out.append(int(part))
-    return out
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_sdpa import SHAPES, parse  # noqa: E402
 
 
 def median_ms(fn, repeats):

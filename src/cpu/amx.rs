@@ -17,7 +17,7 @@
 //! takes the same time for a shallower tile) and head_dim_v to 16 columns (72 costs as 80).
 
 use super::pack_bf16;
-use super::softmax::{RowState, ScoreMap, SoftCap};
+use super::softmax::{RowState, ScoreMap};
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};
@@ -269,20 +269,16 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
         visible: &dyn Fn(usize) -> Option<Range<usize>>,
         state: &mut RowState<'_>,
     ) {
-        if map.softcap.is_some() {
-            pulp::Simd::vectorize(self.simd, SoftCap { scores: s, stride: KEY_BLOCK, rows, keys, map });
-        }
         // Rows past `rows` up to the next tile row feed the second product: zero them.
         let padded = rows.next_multiple_of(16).min(QUERY_BLOCK);
         p[rows * KEY_BLOCK / 2..padded * KEY_BLOCK / 2].fill(0);
         // SAFETY: AMX implies AVX-512F/BF16 (`available()` checks both); s holds QUERY_BLOCK ×
         // KEY_BLOCK f32 and p QUERY_BLOCK × KEY_BLOCK / 2 u32, checked again inside.
-        unsafe { softmax_bf16::update(s, KEY_BLOCK, p, rows, keys, map.log2_factor(), visible, state) };
+        unsafe { softmax_bf16::step(self.simd, s, KEY_BLOCK, p, rows, keys, map, visible, state) };
     }
 
     fn probability(&self, _s: &[f32], p: &[u32], r: usize, j: usize) -> f32 {
-        let pair = p[r * (KEY_BLOCK / 2) + j / 2];
-        f32::from_bits(((pair >> (16 * (j % 2))) & 0xffff) << 16)
+        softmax_bf16::probability(p, KEY_BLOCK, r, j)
     }
 
     fn accumulate(

@@ -13,7 +13,7 @@
 //! head_dim is only padded to an even count, so 72 costs exactly 36 pair steps.
 
 use super::pack_bf16;
-use super::softmax::{RowState, ScoreMap, SoftCap};
+use super::softmax::{RowState, ScoreMap};
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};
@@ -152,18 +152,14 @@ impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
         visible: &dyn Fn(usize) -> Option<Range<usize>>,
         state: &mut RowState<'_>,
     ) {
-        if map.softcap.is_some() {
-            pulp::Simd::vectorize(self.simd, SoftCap { scores: s, stride: KEY_BLOCK, rows, keys, map });
-        }
         // SAFETY: the CPU has the features (this kernel exists only after `available()`); s
         // holds QUERY_BLOCK × KEY_BLOCK f32 and p QUERY_BLOCK × KEY_BLOCK / 2 u32 (the driver's
         // workspace, sized by p_len), checked again inside.
-        unsafe { softmax_bf16::update(s, KEY_BLOCK, p, rows, keys, map.log2_factor(), visible, state) };
+        unsafe { softmax_bf16::step(self.simd, s, KEY_BLOCK, p, rows, keys, map, visible, state) };
     }
 
     fn probability(&self, _s: &[f32], p: &[u32], r: usize, j: usize) -> f32 {
-        let pair = p[r * (KEY_BLOCK / 2) + j / 2];
-        f32::from_bits(((pair >> (16 * (j % 2))) & 0xffff) << 16)
+        softmax_bf16::probability(p, KEY_BLOCK, r, j)
     }
 
     fn accumulate(

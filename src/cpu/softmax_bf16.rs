@@ -4,9 +4,40 @@
 //! the denominator summed from the unrounded f32 probabilities); only the store differs.
 
 use super::math::EXP2_POLY;
-use super::softmax::RowState;
+use super::softmax::{RowState, ScoreMap, SoftCap};
 use core::arch::x86_64::*;
 use core::ops::Range;
+
+/// The softmax step of the bf16 kernels: soft-capping (if any, through pulp), then [`update`]
+/// with the scores turned into base-2 logits.
+///
+/// # Safety
+/// AVX-512F/BF16 present (`simd` proves AVX-512; the kernels check BF16 when constructed); `s`
+/// holds `rows × stride` f32 and `p` `rows × stride / 2` u32.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn step(
+    simd: pulp::x86::V4,
+    s: &mut [f32],
+    stride: usize,
+    p: &mut [u32],
+    rows: usize,
+    keys: usize,
+    map: ScoreMap,
+    visible: &dyn Fn(usize) -> Option<Range<usize>>,
+    state: &mut RowState<'_>,
+) {
+    if map.softcap.is_some() {
+        pulp::Simd::vectorize(simd, SoftCap { scores: s, stride, rows, keys, map });
+    }
+    // SAFETY: the caller's guarantee.
+    unsafe { update(s, stride, p, rows, keys, map.log2_factor(), visible, state) };
+}
+
+/// The probability of row `r`, key `j` in bf16 pairs with `stride` bf16 per row.
+pub(crate) fn probability(p: &[u32], stride: usize, r: usize, j: usize) -> f32 {
+    let pair = p[r * (stride / 2) + j / 2];
+    f32::from_bits(((pair >> (16 * (j % 2))) & 0xffff) << 16)
+}
 
 /// Probabilities of `rows` rows of `keys` scores (row stride `stride` f32, `keys` a multiple of
 /// 16 up to `stride`, at most 128) into `p` as bf16 (row stride `stride` bf16), updating the
