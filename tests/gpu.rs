@@ -14,12 +14,13 @@ use proptest::prelude::*;
 use varlen_attn::gpu::{forward_device, Device, DeviceTensor, DeviceTensorMut};
 use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, CpuIsa, Params};
 
-/// The device, or `None` after printing why there is none.
+/// The device, or `None` after printing (once) why there is none.
 fn device() -> Option<Device> {
+    static REASON: std::sync::Once = std::sync::Once::new();
     match Device::open(0) {
         Ok(d) => Some(d),
         Err(e) => {
-            eprintln!("note: skipping the GPU tests: {e}");
+            REASON.call_once(|| eprintln!("note: skipping the GPU tests: {e}"));
             None
         }
     }

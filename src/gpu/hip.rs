@@ -267,8 +267,12 @@ impl HipDevice {
         let api = Arc::new(Api::load().map_err(|e| Error::NoDevice(format!("the HIP runtime was not found: {e}")))?);
         let mut count: c_int = 0;
         // SAFETY: HIP's documented initialisation and query calls with valid out-pointers.
+        let status = unsafe { (api.init)(0) };
+        if status != 0 {
+            return Err(Error::NoDevice(format!("the HIP runtime found no AMD GPU (hipInit returned {status})")));
+        }
+        // SAFETY: as above.
         unsafe {
-            check("hipInit", (api.init)(0)).map_err(|e| Error::NoDevice(e.to_string()))?;
             check("hipGetDeviceCount", (api.device_count)(&mut count)).map_err(|e| Error::NoDevice(e.to_string()))?;
         }
         if count <= ordinal as c_int {
