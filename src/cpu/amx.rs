@@ -216,11 +216,37 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
     fn scores(&self, q: &[u32], k: &[u32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {
         let depth = round_up(d, 32);
         let (chunks, pairs) = (depth / 32, depth / 2);
-        let row_tiles = rows.div_ceil(16).div_ceil(2) * 2; // pairs of row tiles; Q rows past `rows` are zero
-        let strips = keys / 16;
+        let row_tiles = rows.div_ceil(16); // Q rows past `rows` are zero
+        let strip_pairs = keys / 32;
         assert!(rows <= QUERY_BLOCK && keys <= KEY_BLOCK && keys.is_multiple_of(32));
-        assert!(q.len() >= QUERY_BLOCK * pairs && k.len() >= strips * pairs * 16 && s.len() >= QUERY_BLOCK * KEY_BLOCK);
+        assert!(
+            q.len() >= QUERY_BLOCK * pairs
+                && k.len() >= 2 * strip_pairs * pairs * 16
+                && s.len() >= QUERY_BLOCK * KEY_BLOCK
+        );
         let (q_stride, s_stride) = (depth * 2, KEY_BLOCK * 4);
+        // Each group is 16 rows × 32 keys in two accumulator tiles; groups alternate between
+        // tiles 0-1 and 2-3, so a group's results are stored while the next group's products
+        // run (a tile store waits for its products: issued back to back, it stalls them).
+        macro_rules! products {
+            ($c0:literal, $c1:literal, $a:expr, $b0:expr, $b1:expr) => {{
+                tile_zero!($c0);
+                tile_zero!($c1);
+                for c in 0..chunks {
+                    tile_load!("4", $a.add(c * TILE_BYTES), q_stride);
+                    tile_load!("5", $b0.add(c * 16 * TILE_BYTES), TILE_BYTES);
+                    tile_load!("6", $b1.add(c * 16 * TILE_BYTES), TILE_BYTES);
+                    tile_dot!($c0, "4", "5");
+                    tile_dot!($c1, "4", "6");
+                }
+            }};
+        }
+        macro_rules! store {
+            ($c0:literal, $c1:literal, $dst:expr) => {{
+                tile_store!($c0, $dst, s_stride);
+                tile_store!($c1, $dst.add(64), s_stride);
+            }};
+        }
         // SAFETY: AMX is usable (this kernel exists only after `available()`). Every tile load
         // reads 16 rows of 64 bytes: Q rows rt*16.. of `depth` bf16 (row_tiles*16 <= QUERY_BLOCK
         // rows are packed), K panels of `pairs` rows of 64 bytes for strips < keys/16; every
@@ -228,32 +254,30 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
         // asserts above bound all of these inside the slices.
         unsafe {
             configure_tiles();
-            for rt in (0..row_tiles).step_by(2) {
-                let a0 = q.as_ptr().cast::<u8>().add(rt * 16 * q_stride);
-                let a1 = a0.add(16 * q_stride);
-                for st in (0..strips).step_by(2) {
-                    let b0 = k.as_ptr().cast::<u8>().add(st * pairs * TILE_BYTES);
-                    let b1 = b0.add(pairs * TILE_BYTES);
-                    tile_zero!("0");
-                    tile_zero!("1");
-                    tile_zero!("2");
-                    tile_zero!("3");
-                    for c in 0..chunks {
-                        tile_load!("4", a0.add(c * TILE_BYTES), q_stride);
-                        tile_load!("5", a1.add(c * TILE_BYTES), q_stride);
-                        tile_load!("6", b0.add(c * 16 * TILE_BYTES), TILE_BYTES);
-                        tile_load!("7", b1.add(c * 16 * TILE_BYTES), TILE_BYTES);
-                        tile_dot!("0", "4", "6");
-                        tile_dot!("1", "4", "7");
-                        tile_dot!("2", "5", "6");
-                        tile_dot!("3", "5", "7");
-                    }
-                    let c0 = s.as_mut_ptr().cast::<u8>().add(rt * 16 * s_stride + st * 16 * 4);
-                    tile_store!("0", c0, s_stride);
-                    tile_store!("1", c0.add(64), s_stride);
-                    tile_store!("2", c0.add(16 * s_stride), s_stride);
-                    tile_store!("3", c0.add(16 * s_stride + 64), s_stride);
+            let mut previous: Option<(*mut u8, bool)> = None;
+            let groups = (0..row_tiles).flat_map(|rt| (0..strip_pairs).map(move |sp| (rt, sp)));
+            for (g, (rt, sp)) in groups.enumerate() {
+                let a = q.as_ptr().cast::<u8>().add(rt * 16 * q_stride);
+                let b0 = k.as_ptr().cast::<u8>().add(2 * sp * pairs * TILE_BYTES);
+                let b1 = b0.add(pairs * TILE_BYTES);
+                let dst = s.as_mut_ptr().cast::<u8>().add(rt * 16 * s_stride + sp * 32 * 4);
+                let first_set = g % 2 == 0;
+                if first_set {
+                    products!("0", "1", a, b0, b1);
+                } else {
+                    products!("2", "3", a, b0, b1);
                 }
+                match previous {
+                    Some((p, true)) => store!("0", "1", p),
+                    Some((p, false)) => store!("2", "3", p),
+                    None => {}
+                }
+                previous = Some((dst, first_set));
+            }
+            match previous {
+                Some((p, true)) => store!("0", "1", p),
+                Some((p, false)) => store!("2", "3", p),
+                None => {}
             }
             release_tiles();
         }
