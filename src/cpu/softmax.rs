@@ -78,7 +78,8 @@ pub(crate) fn update<S: Simd>(
 }
 
 /// Soft-caps `rows` rows of `keys` scores (row stride `stride`) in place, as an operation to
-/// run under pulp's dispatch.
+/// run under pulp's dispatch (for the bf16 kernels, whose fused softmax takes logits).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct SoftCap<'a> {
     pub scores: &'a mut [f32],
     pub stride: usize,
