@@ -35,6 +35,8 @@ pub enum CpuIsa {
     Avx512Bf16,
     /// x86-64 AMX tile matrix unit (`tdpbf16ps`) with AVX-512 for the softmax; bf16 input only.
     Amx,
+    /// AArch64 NEON, f32 arithmetic.
+    Neon,
 }
 
 impl CpuIsa {
@@ -51,6 +53,7 @@ impl CpuIsa {
             CpuIsa::Avx512 => "avx512",
             CpuIsa::Avx512Bf16 => "avx512-bf16",
             CpuIsa::Amx => "amx",
+            CpuIsa::Neon => "neon",
         }
     }
 }

@@ -203,7 +203,7 @@ fn forced_instruction_sets() {
         assert_eq!(err, Error::IsaUnavailable { isa: "avx512-bf16" });
     }
     // Forcing a path either runs it or names it as missing.
-    for isa in [CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512] {
+    for isa in [CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Neon] {
         let p = Params { cpu_isa: isa, ..Params::default() };
         match varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 4], &[0, 4], &p) {
             Ok(out) => assert!(out.iter().all(|&y| y == 0.0)),

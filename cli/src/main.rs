@@ -79,6 +79,7 @@ enum IsaArg {
     Avx512,
     Avx512Bf16,
     Amx,
+    Neon,
 }
 
 impl AttentionArgs {
@@ -105,6 +106,7 @@ impl AttentionArgs {
                 IsaArg::Avx512 => CpuIsa::Avx512,
                 IsaArg::Avx512Bf16 => CpuIsa::Avx512Bf16,
                 IsaArg::Amx => CpuIsa::Amx,
+                IsaArg::Neon => CpuIsa::Neon,
             },
         })
     }

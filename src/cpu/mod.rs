@@ -70,12 +70,24 @@ pub(crate) fn resolved_isa<T: Element>(isa: CpuIsa) -> CpuIsa {
             return CpuIsa::Avx512Bf16;
         }
         match pulp::Arch::new() {
-            pulp::Arch::V4(_) => return CpuIsa::Avx512,
-            pulp::Arch::V3(_) => return CpuIsa::Avx2,
-            _ => {}
+            pulp::Arch::V4(_) => CpuIsa::Avx512,
+            pulp::Arch::V3(_) => CpuIsa::Avx2,
+            _ => CpuIsa::Scalar,
         }
     }
-    CpuIsa::Scalar
+    #[cfg(target_arch = "aarch64")]
+    {
+        let _ = core::marker::PhantomData::<T>;
+        match pulp::Arch::new() {
+            pulp::Arch::Neon(_) => CpuIsa::Neon,
+            _ => CpuIsa::Scalar,
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = core::marker::PhantomData::<T>;
+        CpuIsa::Scalar
+    }
 }
 
 /// Runs a validated problem on the CPU with the instruction set `isa`.
@@ -121,6 +133,12 @@ pub(crate) fn forward<T: Element>(problem: &Problem, io: Io<T>, isa: CpuIsa) -> 
         }
         #[cfg(not(target_arch = "x86_64"))]
         CpuIsa::Avx2 | CpuIsa::Avx512 | CpuIsa::Avx512Bf16 | CpuIsa::Amx => return Err(unavailable()),
+        #[cfg(target_arch = "aarch64")]
+        CpuIsa::Neon => {
+            Portable { problem, io: &io }.with_simd(pulp::aarch64::Neon::try_new().ok_or_else(unavailable)?)
+        }
+        #[cfg(not(target_arch = "aarch64"))]
+        CpuIsa::Neon => return Err(unavailable()),
     }
     Ok(())
 }

@@ -108,7 +108,7 @@ pub fn cu_seqlens(lengths: &[usize]) -> Vec<i32> {
 /// The CPU paths to check for element type `T` on this machine; prints the ones skipped.
 pub fn cpu_paths<T: Element>() -> Vec<CpuIsa> {
     let mut paths = vec![CpuIsa::Auto, CpuIsa::Scalar];
-    for isa in [CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx] {
+    for isa in [CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx, CpuIsa::Neon] {
         if matches!(isa, CpuIsa::Avx512Bf16 | CpuIsa::Amx) && T::DTYPE != varlen_attn::DType::BF16 {
             continue;
         }
