@@ -325,7 +325,14 @@ impl<'a, T> DeviceTensorMut<'a, T> {
 /// Attention on tensors already in device memory, queued on `device`'s stream (it returns
 /// before the GPU finishes; [`Device::download`] and [`Device::synchronize`] wait). Same
 /// semantics and validation as [`crate::forward`]; `cu_seqlens` come from the host, where they
-/// are checked (and copied: a few bytes). `lse`, if given, receives `[num_heads, total_q]`.
+/// are checked (and, for batches of over 64 sequences, copied: a few bytes). `lse`, if given,
+/// receives `[num_heads, total_q]`.
+///
+/// One difference: with a causal or windowed mask, a NaN or infinity in `v` can reach rows of
+/// the same 64-key tile that do not see its key (0 · inf is NaN in the tensor cores), because
+/// the values are not inspected on the device. The host-array call checks for this and
+/// refuses the GPU ([`Error::GpuUnsupported`]), so `Backend::Auto` computes such inputs exactly
+/// on the CPU.
 ///
 /// ```no_run
 /// use half::bf16;
