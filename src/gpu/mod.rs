@@ -4,10 +4,10 @@
 //! One HIP C++ kernel (`kernel/attention.hip`) is compiled at run time: by NVRTC on NVIDIA GPUs
 //! (behind our portability header, `kernel/portability.h`) and by hipRTC on AMD GPUs. Drivers and
 //! compilers are opened at run time, so the crate builds on machines with no GPU toolkit; without
-//! a device every call returns [`Error::NoDevice`] and `Backend::Auto` runs on the CPU.
+//! a device every call returns [`Error::NoDevice`](crate::Error::NoDevice) and `Backend::Auto` runs on the CPU.
 //!
 //! Without the `gpu` feature this module keeps the same API, and every entry answers
-//! [`Error::GpuNotCompiled`].
+//! [`Error::GpuNotCompiled`](crate::Error::GpuNotCompiled).
 //!
 //! The element types are bf16 and f16; f32 input runs on the CPU (`Backend::Auto`) or is refused
 //! (`Backend::Gpu`): the tensor cores take 16-bit operands, and rounding f32 inputs would not

@@ -69,7 +69,7 @@ pub(crate) fn compile_check_variants(amd: bool) -> Vec<Variant> {
 /// ```
 ///
 /// # Errors
-/// [`Error::NoDevice`] without NVRTC; [`Error::Gpu`] with the compiler's log for the first
+/// [`Error::NoDevice`](crate::Error::NoDevice) without NVRTC; [`Error::Gpu`](crate::Error::Gpu) with the compiler's log for the first
 /// variant that fails.
 pub fn compile_check_nvidia(major: i32, minor: i32) -> Result<usize, crate::Error> {
     // SAFETY: asks the dynamic loader whether the library can be opened; nothing else.

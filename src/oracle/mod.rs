@@ -6,7 +6,7 @@
 //! `m = max s_j`, `p_j = exp(s_j - m)`, and returns `Σ p_j v_j / Σ p_j` and
 //! `lse = m + ln Σ p_j`, all in `f64`.
 //!
-//! Use [`forward`] where you want the crate's result type, [`reference`] for the unrounded `f64`
+//! Use [`forward`] where you want the crate's result type, [`reference()`] for the unrounded `f64`
 //! values with per-row error bounds, and [`Reference::compare`] to check another
 //! implementation's output against them with a derived tolerance.
 //!
@@ -42,7 +42,7 @@ use ndarray::{Array2, Array3, ArrayView3};
 #[derive(Clone, Debug)]
 pub struct Reference {
     /// `[rows, num_heads, head_dim_v]`: the attention output, unrounded. The rows are all of
-    /// q's tokens for [`reference`], the chosen tokens for [`reference_rows`].
+    /// q's tokens for [`reference()`], the chosen tokens for [`reference_rows`].
     pub out: Array3<f64>,
     /// `[num_heads, rows]`: natural log of the softmax denominator; `-inf` for rows that see
     /// no key.
@@ -144,7 +144,7 @@ pub fn reference<T: Element>(
     reference_rows(q, k, v, cu_seqlens_q, cu_seqlens_k, params, &tokens)
 }
 
-/// [`reference`] for the chosen query tokens only (in the order given), so that large problems
+/// [`reference()`] for the chosen query tokens only (in the order given), so that large problems
 /// can be spot-checked: its cost is proportional to the keys those rows see.
 ///
 /// ```
