@@ -274,7 +274,7 @@ pub fn view3<'a, T>(arg: &'static str, view: ArrayViewD<'a, T>) -> Result<ArrayV
 /// assert_ne!(cpu_isa_for::<f32>(&Params::default()), CpuIsa::Auto);
 /// ```
 pub fn cpu_isa_for<T: Element>(params: &Params) -> CpuIsa {
-    cpu::resolved_isa::<T>(params.cpu_isa)
+    cpu::resolved_isa::<T>(params.cpu_isa, true)
 }
 
 /// The README's example runs as a doctest.

@@ -41,7 +41,6 @@ const PARALLEL_MIN_WORK: f64 = 1.0e6;
 
 /// Below this many multiply-adds `Auto` prefers AVX-512 BF16 to AMX (measured: the seed's
 /// L = 1 shape takes 7 µs with AVX-512 BF16 and 19 µs with AMX).
-#[cfg(target_arch = "x86_64")]
 const AMX_MIN_WORK: f64 = 1.0e6;
 
 /// Multiply-adds of the two products, counting every (query, key) pair of each sequence.
@@ -55,15 +54,15 @@ fn work(problem: &Problem) -> f64 {
         * (problem.num_heads * (problem.head_dim + problem.head_dim_v)) as f64
 }
 
-/// The instruction set [`forward`] would use for element type `T` with `isa` (for reports;
-/// problems under `AMX_MIN_WORK` take AVX-512 BF16 instead of AMX).
-pub(crate) fn resolved_isa<T: Element>(isa: CpuIsa) -> CpuIsa {
+/// The instruction set a call with element type `T` and `isa` runs on: `isa` itself, or for
+/// `Auto` the best this CPU has, AMX only where `amx_worth_it` (see [`AMX_MIN_WORK`]).
+pub(crate) fn resolved_isa<T: Element>(isa: CpuIsa, amx_worth_it: bool) -> CpuIsa {
     if isa != CpuIsa::Auto {
         return isa;
     }
     #[cfg(target_arch = "x86_64")]
     {
-        if amx::AmxKernel::<T>::try_new().is_some() {
+        if amx_worth_it && amx::AmxKernel::<T>::try_new().is_some() {
             return CpuIsa::Amx;
         }
         if bf16dot::Bf16DotKernel::<T>::try_new().is_some() {
@@ -77,7 +76,7 @@ pub(crate) fn resolved_isa<T: Element>(isa: CpuIsa) -> CpuIsa {
     }
     #[cfg(target_arch = "aarch64")]
     {
-        let _ = core::marker::PhantomData::<T>;
+        let _ = (core::marker::PhantomData::<T>, amx_worth_it);
         match pulp::Arch::new() {
             pulp::Arch::Neon(_) => CpuIsa::Neon,
             _ => CpuIsa::Scalar,
@@ -85,31 +84,18 @@ pub(crate) fn resolved_isa<T: Element>(isa: CpuIsa) -> CpuIsa {
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        let _ = core::marker::PhantomData::<T>;
+        let _ = (core::marker::PhantomData::<T>, amx_worth_it);
         CpuIsa::Scalar
     }
 }
 
 /// Runs a validated problem on the CPU with the instruction set `isa`.
 pub(crate) fn forward<T: Element>(problem: &Problem, io: Io<T>, isa: CpuIsa) -> Result<(), Error> {
+    // Tiny problems skip AMX under `Auto`: configuring the tiles costs more than their work.
+    let isa = resolved_isa::<T>(isa, work(problem) >= AMX_MIN_WORK);
     let unavailable = || Error::IsaUnavailable { isa: isa.name() };
     match isa {
-        CpuIsa::Auto => {
-            // Tiny problems skip AMX: configuring the tiles costs more than their work.
-            #[cfg(target_arch = "x86_64")]
-            if work(problem) >= AMX_MIN_WORK {
-                if let (Some(kernel), Some(simd)) = (amx::AmxKernel::<T>::try_new(), pulp::x86::V4::try_new()) {
-                    run(simd, kernel, problem, &io);
-                    return Ok(());
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            if let (Some(kernel), Some(simd)) = (bf16dot::Bf16DotKernel::<T>::try_new(), pulp::x86::V4::try_new()) {
-                run(simd, kernel, problem, &io);
-                return Ok(());
-            }
-            pulp::Arch::new().dispatch(Portable { problem, io: &io });
-        }
+        CpuIsa::Auto => unreachable!("resolved above"),
         CpuIsa::Scalar => Portable { problem, io: &io }.with_simd(pulp::Scalar::new()),
         #[cfg(target_arch = "x86_64")]
         CpuIsa::Avx2 => Portable { problem, io: &io }.with_simd(pulp::x86::V3::try_new().ok_or_else(unavailable)?),
