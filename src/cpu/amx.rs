@@ -247,6 +247,16 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
                 tile_store!($c1, $dst.add(64), s_stride);
             }};
         }
+        // Stores the group whose products are still in their tiles, if any.
+        macro_rules! store_pending {
+            ($pending:expr) => {
+                match $pending {
+                    Some((p, true)) => store!("0", "1", p),
+                    Some((p, false)) => store!("2", "3", p),
+                    None => {}
+                }
+            };
+        }
         // SAFETY: AMX is usable (this kernel exists only after `available()`). Every tile load
         // reads 16 rows of 64 bytes: Q rows rt*16.. of `depth` bf16 (row_tiles*16 <= QUERY_BLOCK
         // rows are packed), K panels of `pairs` rows of 64 bytes for strips < keys/16; every
@@ -267,18 +277,10 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
                 } else {
                     products!("2", "3", a, b0, b1);
                 }
-                match previous {
-                    Some((p, true)) => store!("0", "1", p),
-                    Some((p, false)) => store!("2", "3", p),
-                    None => {}
-                }
+                store_pending!(previous);
                 previous = Some((dst, first_set));
             }
-            match previous {
-                Some((p, true)) => store!("0", "1", p),
-                Some((p, false)) => store!("2", "3", p),
-                None => {}
-            }
+            store_pending!(previous);
             release_tiles();
         }
     }

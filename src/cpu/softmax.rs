@@ -6,7 +6,7 @@
 
 use super::math::{exp2, tanh};
 use core::ops::Range;
-use pulp::Simd;
+use pulp::{Simd, WithSimd};
 
 /// How raw dot products become base-2 logits.
 #[derive(Clone, Copy, Debug)]
@@ -54,14 +54,11 @@ pub(crate) fn update<S: Simd>(
     state: &mut RowState<'_>,
 ) {
     let factor = map.log2_factor();
+    SoftCap { scores: &mut *scores, stride, rows, keys, map }.with_simd(simd);
     for r in 0..rows {
         let row = &mut scores[r * stride..r * stride + keys];
-        if let Some(cap) = map.softcap {
-            soft_cap(simd, row, map.scale / cap, cap);
-        }
         if let Some(seen) = visible(r) {
-            row[..seen.start].fill(f32::NEG_INFINITY);
-            row[seen.end..].fill(f32::NEG_INFINITY);
+            mask_outside(row, seen);
         }
         let block_max = row_max(simd, row) * factor;
         let old_max = state.max[r];
@@ -77,9 +74,15 @@ pub(crate) fn update<S: Simd>(
     }
 }
 
-/// Soft-caps `rows` rows of `keys` scores (row stride `stride`) in place, as an operation to
-/// run under pulp's dispatch (for the bf16 kernels, whose fused softmax takes logits).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+/// Sets the scores outside `seen` to `-inf`, so that they get probability 0.
+#[inline(always)]
+pub(crate) fn mask_outside(row: &mut [f32], seen: Range<usize>) {
+    row[..seen.start].fill(f32::NEG_INFINITY);
+    row[seen.end..].fill(f32::NEG_INFINITY);
+}
+
+/// Soft-caps `rows` rows of `keys` scores (row stride `stride`) in place (when `map` has a
+/// cap), as an operation to run under pulp's dispatch.
 pub(crate) struct SoftCap<'a> {
     pub scores: &'a mut [f32],
     pub stride: usize,
@@ -88,7 +91,7 @@ pub(crate) struct SoftCap<'a> {
     pub map: ScoreMap,
 }
 
-impl pulp::WithSimd for SoftCap<'_> {
+impl WithSimd for SoftCap<'_> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {

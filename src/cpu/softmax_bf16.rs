@@ -4,7 +4,7 @@
 //! the denominator summed from the unrounded f32 probabilities); only the store differs.
 
 use super::math::EXP2_POLY;
-use super::softmax::{RowState, ScoreMap, SoftCap};
+use super::softmax::{mask_outside, RowState, ScoreMap, SoftCap};
 use core::arch::x86_64::*;
 use core::ops::Range;
 
@@ -26,9 +26,7 @@ pub(crate) unsafe fn step(
     visible: &dyn Fn(usize) -> Option<Range<usize>>,
     state: &mut RowState<'_>,
 ) {
-    if map.softcap.is_some() {
-        pulp::Simd::vectorize(simd, SoftCap { scores: s, stride, rows, keys, map });
-    }
+    pulp::Simd::vectorize(simd, SoftCap { scores: s, stride, rows, keys, map });
     // SAFETY: the caller's guarantee.
     unsafe { update(s, stride, p, rows, keys, map.log2_factor(), visible, state) };
 }
@@ -62,9 +60,7 @@ pub(crate) unsafe fn update(
     assert!(s.len() >= rows * stride && p.len() >= rows * stride / 2);
     for r in 0..rows {
         if let Some(seen) = visible(r) {
-            let row = &mut s[r * stride..r * stride + keys];
-            row[..seen.start].fill(f32::NEG_INFINITY);
-            row[seen.end..].fill(f32::NEG_INFINITY);
+            mask_outside(&mut s[r * stride..r * stride + keys], seen);
         }
     }
     macro_rules! dispatch {
@@ -110,17 +106,16 @@ unsafe fn rows_update<const N: usize>(
             let limit = _mm512_set1_ps(old_max / factor);
             x.iter().fold(0, |any, &v| any | _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, limit)) == 0
         };
-        let (new_max, alpha) = if keep {
-            (old_max, 1.0)
+        let new_max = if keep {
+            old_max
         } else {
             let block_max =
                 _mm512_cvtss_f32(all_lanes(tree(x, |a, b| _mm512_max_ps(a, b)), |a, b| _mm512_max_ps(a, b)));
-            let new_max = old_max.max(block_max * factor);
-            // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
-            let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-            (new_max, _mm512_cvtss_f32(exp2(_mm512_set1_ps(old_max - shift))))
+            old_max.max(block_max * factor)
         };
+        // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
         let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
+        let alpha = if keep { 1.0 } else { _mm512_cvtss_f32(exp2(_mm512_set1_ps(old_max - shift))) };
 
         let neg_shift = _mm512_set1_ps(-shift);
         let probabilities: [__m512; N] = core::array::from_fn(|n| exp2(_mm512_fmadd_ps(x[n], f, neg_shift)));
