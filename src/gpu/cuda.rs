@@ -157,35 +157,21 @@ impl CudaDevice {
         self.stream.synchronize().map_err(gpu_error("waiting for the GPU"))
     }
 
-    /// Enqueues `plan` (whose tensor pointers are filled in) on the stream; `metadata` holds
-    /// `cu_seqlens_q`, `cu_seqlens_k` and the plan's `tile_start`, one after another, and is
-    /// copied over unless the plan carries it inline.
-    pub fn launch(&self, plan: &Plan, metadata: &[i32]) -> Result<(), Error> {
+    /// Enqueues `plan` (whose tensor pointers are filled in) on the stream, copying its
+    /// metadata over first unless it travels in the parameter block.
+    pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
         let kernels = self.kernels(plan.variant)?;
-        let mut params = plan.params;
-        let metadata_buffer = if params.inline_metadata == 0 {
-            let buffer = self.upload(bytemuck::cast_slice(metadata))?;
-            let (base, batch) = (self.address(&buffer), plan.params.batch as u64);
-            params.cu_seqlens_q = base;
-            params.cu_seqlens_k = base + 4 * (batch + 1);
-            params.tile_start = base + 8 * (batch + 1);
-            Some(buffer)
-        } else {
-            None
-        };
-        let (partial_out_len, partial_lse_len) = plan.partial_lens();
+        let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
         let mut workspace =
             self.workspace.lock().map_err(|_| Error::Gpu("the workspace lock was poisoned by a panic".into()))?;
-        if plan.splits > 1 {
-            let bytes = 4 * (partial_out_len + partial_lse_len);
-            if workspace.as_ref().is_none_or(|w| w.len() < bytes) {
-                *workspace = Some(self.alloc(bytes)?);
-            }
-            if let Some(w) = workspace.as_ref() {
-                params.partial_out = self.address(w);
-                params.partial_lse = params.partial_out + 4 * partial_out_len as u64;
-            }
+        let workspace_bytes = plan.workspace_bytes();
+        if workspace_bytes > 0 && workspace.as_ref().is_none_or(|w| w.len() < workspace_bytes) {
+            *workspace = Some(self.alloc(workspace_bytes)?);
         }
+        let params = plan.params_at(
+            metadata.as_ref().map(|m| self.address(m)),
+            workspace.as_ref().filter(|_| workspace_bytes > 0).map(|w| self.address(w)),
+        );
         if plan.tiles > 0 {
             let config = LaunchConfig {
                 grid_dim: plan.grid(),
@@ -209,7 +195,7 @@ impl CudaDevice {
                 unsafe { launch.launch(config) }.map_err(gpu_error("launching the merge kernel"))?;
             }
         }
-        drop(metadata_buffer);
+        drop(metadata);
         Ok(())
     }
 

@@ -212,10 +212,10 @@ impl Device {
         }
     }
 
-    fn launch(&self, plan: &Plan, metadata: &[i32]) -> Result<(), Error> {
+    fn launch(&self, plan: &Plan) -> Result<(), Error> {
         match &self.inner {
-            Inner::Cuda(d) => d.launch(plan, metadata),
-            Inner::Hip(d) => d.launch(plan, metadata),
+            Inner::Cuda(d) => d.launch(plan),
+            Inner::Hip(d) => d.launch(plan),
         }
     }
 }
@@ -429,13 +429,7 @@ fn run_on_device<T: Element>(
         Some(l) => device.address(l)?,
         None => 0,
     };
-    let (cu_q, cu_k) = problem.cu_seqlens();
-    let metadata: Vec<i32> = if plan.inline_metadata(cu_q, cu_k) {
-        Vec::new()
-    } else {
-        cu_q.iter().chain(cu_k).chain(&plan.tile_start).copied().collect()
-    };
-    device.launch(&plan, &metadata)
+    device.launch(&plan)
 }
 
 #[cfg(feature = "gpu")]

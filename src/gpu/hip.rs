@@ -420,31 +420,15 @@ impl HipDevice {
         }
     }
 
-    /// Enqueues `plan` on the stream; `metadata` holds `cu_seqlens_q`, `cu_seqlens_k` and
-    /// `tile_start`, one after another (as for CUDA).
-    pub fn launch(&self, plan: &Plan, metadata: &[i32]) -> Result<(), Error> {
+    /// Enqueues `plan` on the stream, copying its metadata over first unless it travels in
+    /// the parameter block (as for CUDA).
+    pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
         let kernels = self.kernels(plan.variant)?;
-        let mut params = plan.params;
-        let metadata_buffer = if params.inline_metadata == 0 {
-            let buffer = self.upload(bytemuck::cast_slice(metadata))?;
-            let batch = plan.params.batch as u64;
-            params.cu_seqlens_q = buffer.address();
-            params.cu_seqlens_k = params.cu_seqlens_q + 4 * (batch + 1);
-            params.tile_start = params.cu_seqlens_q + 8 * (batch + 1);
-            Some(buffer)
-        } else {
-            None
-        };
-        let (partial_out_len, partial_lse_len) = plan.partial_lens();
-        let workspace = if plan.splits > 1 {
-            Some(self.upload(&vec![0u8; 4 * (partial_out_len + partial_lse_len)])?)
-        } else {
-            None
-        };
-        if let Some(w) = &workspace {
-            params.partial_out = w.address();
-            params.partial_lse = params.partial_out + 4 * partial_out_len as u64;
-        }
+        let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
+        let workspace_bytes = plan.workspace_bytes();
+        let workspace = if workspace_bytes > 0 { Some(self.upload(&vec![0u8; workspace_bytes])?) } else { None };
+        let mut params =
+            plan.params_at(metadata.as_ref().map(HipBuffer::address), workspace.as_ref().map(HipBuffer::address));
         let mut argument: *mut c_void = (&mut params as *mut super::plan::KernelParams).cast();
         if plan.tiles > 0 {
             let (gx, gy, gz) = plan.grid();
@@ -491,7 +475,7 @@ impl HipDevice {
         // The temporaries must outlive the kernels: hipFree would wait anyway, but be explicit.
         self.synchronize()?;
         drop(workspace);
-        drop(metadata_buffer);
+        drop(metadata);
         Ok(())
     }
 

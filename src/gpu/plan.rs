@@ -148,8 +148,10 @@ pub(crate) struct Strides {
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
     pub variant: Variant,
-    /// `tile_start[b]`: the first query tile of sequence `b`; `batch + 1` entries.
-    pub tile_start: Vec<i32>,
+    /// What the kernel reads to find its sequence, `batch + 1` entries each, one after another:
+    /// `cu_seqlens_q`, `cu_seqlens_k` and `tile_start` (`tile_start[b]`: the first query tile
+    /// of sequence `b`). Inline in `params` when it fits, else copied to the device.
+    metadata: Vec<i32>,
     pub tiles: usize,
     pub splits: usize,
     pub params: KernelParams,
@@ -170,16 +172,19 @@ impl Plan {
         out: Strides,
     ) -> Plan {
         let variant = Variant::for_problem(problem, f16, amd);
-        let mut tile_start = Vec::with_capacity(problem.batch() + 1);
+        let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
+        let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
+        metadata.extend_from_slice(cu_seqlens_q);
+        metadata.extend_from_slice(cu_seqlens_k);
         let mut tiles = 0usize;
         let mut longest_keys = 0usize;
         for b in 0..problem.batch() {
-            tile_start.push(tiles as i32);
+            metadata.push(tiles as i32);
             let s = problem.sequence(b);
             tiles += s.q_len.div_ceil(variant.block_m());
             longest_keys = longest_keys.max(s.k_len);
         }
-        tile_start.push(tiles as i32);
+        metadata.push(tiles as i32);
 
         // Split the keys when the query tiles alone would leave multiprocessors idle, as many
         // ways as still fit in one wave of blocks (a second, mostly empty wave would double the
@@ -196,7 +201,7 @@ impl Plan {
 
         let (scale, softcap) = (problem.scale, problem.softcap.unwrap_or(0.0));
         let window = |w: Option<usize>| w.map_or(-1, |w| w.min(i32::MAX as usize) as i32);
-        let params = KernelParams {
+        let mut params = KernelParams {
             q_token_stride: q.token as i64,
             q_head_stride: q.head as i64,
             k_token_stride: k.token as i64,
@@ -219,19 +224,53 @@ impl Plan {
             scale_over_softcap: if softcap > 0.0 { scale / softcap } else { 0.0 },
             ..KernelParams::default()
         };
-        Plan { variant, tile_start, tiles, splits, params }
+        // Small batches carry their metadata in the parameter block: no copy before the kernel.
+        if metadata.len() <= INLINE_METADATA {
+            params.metadata[..metadata.len()].copy_from_slice(&metadata);
+            params.inline_metadata = 1;
+        }
+        Plan { variant, metadata, tiles, splits, params }
     }
 
-    /// Puts cu_seqlens and tile_start into the parameter block when they fit (then the kernel
-    /// needs no copy before it runs); returns whether they did.
-    pub fn inline_metadata(&mut self, cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> bool {
-        let all: Vec<i32> = cu_seqlens_q.iter().chain(cu_seqlens_k).chain(&self.tile_start).copied().collect();
-        if all.len() > INLINE_METADATA {
-            return false;
+    /// `tile_start[b]`: the first query tile of sequence `b`; `batch + 1` entries.
+    #[cfg(test)]
+    fn tile_start(&self) -> &[i32] {
+        &self.metadata[2 * (self.params.batch as usize + 1)..]
+    }
+
+    /// The metadata to copy to the device before the launch (`cu_seqlens_q`, `cu_seqlens_k`,
+    /// `tile_start`, one after another), or `None` when it travels in the parameter block.
+    pub fn metadata_to_copy(&self) -> Option<&[i32]> {
+        (self.params.inline_metadata == 0).then_some(&self.metadata)
+    }
+
+    /// Bytes of the key-split workspace (f32 partial outputs, then partial LSEs); 0 when the
+    /// keys are not split.
+    pub fn workspace_bytes(&self) -> usize {
+        if self.splits > 1 {
+            let (out, lse) = self.partial_lens();
+            4 * (out + lse)
+        } else {
+            0
         }
-        self.params.metadata[..all.len()].copy_from_slice(&all);
-        self.params.inline_metadata = 1;
-        true
+    }
+
+    /// The parameter block, given the device addresses of the copied metadata (see
+    /// [`Plan::metadata_to_copy`]) and of the workspace (see [`Plan::workspace_bytes`]). The
+    /// tensor pointers are the caller's to fill in.
+    pub fn params_at(&self, metadata: Option<u64>, workspace: Option<u64>) -> KernelParams {
+        let mut params = self.params;
+        if let Some(base) = metadata {
+            let entries = self.params.batch as u64 + 1;
+            params.cu_seqlens_q = base;
+            params.cu_seqlens_k = base + 4 * entries;
+            params.tile_start = base + 8 * entries;
+        }
+        if let Some(base) = workspace {
+            params.partial_out = base;
+            params.partial_lse = base + 4 * self.partial_lens().0 as u64;
+        }
+        params
     }
 
     /// Grid of the attention kernel: (query tiles, heads, splits).
@@ -240,7 +279,7 @@ impl Plan {
     }
 
     /// f32 elements of the split workspace (partial outputs, then partial LSEs).
-    pub fn partial_lens(&self) -> (usize, usize) {
+    fn partial_lens(&self) -> (usize, usize) {
         let rows = self.splits * self.params.total_q as usize * self.params.heads as usize;
         (rows * self.variant.head_dim_v_pad, rows)
     }
@@ -280,7 +319,7 @@ mod tests {
             Strides { token: 72, head: 72 },
             s,
         );
-        assert_eq!(plan.tile_start, vec![0, 1, 1, 2]);
+        assert_eq!(plan.tile_start(), [0, 1, 1, 2]);
         assert_eq!(plan.grid(), (2, 2, 1));
         assert_eq!(
             plan.variant,
@@ -294,6 +333,48 @@ mod tests {
                 amd: false
             }
         );
+    }
+
+    #[test]
+    fn metadata_travels_inline_or_is_laid_out_for_the_copy() {
+        let s = Strides { token: 72, head: 72 };
+        let cu_small = [0, 64, 64, 130];
+        let problem =
+            Problem::new([130, 1, 72], [130, 1, 72], [130, 1, 72], &cu_small, &cu_small, &Params::default()).unwrap();
+        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        assert_eq!(plan.metadata_to_copy(), None);
+        assert_eq!(plan.params.inline_metadata, 1);
+        assert_eq!(plan.params.metadata[..12], [0, 64, 64, 130, 0, 64, 64, 130, 0, 1, 1, 2]);
+
+        // 100 sequences: 3 × 101 entries do not fit in the parameter block.
+        let cu_q: Vec<i32> = (0..=100).collect();
+        let cu_k: Vec<i32> = (0..=100).map(|i| 2 * i).collect();
+        let problem = Problem::new([100, 1, 72], [200, 1, 72], [200, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
+        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        let copied = plan.metadata_to_copy().expect("too large to inline");
+        assert_eq!((&copied[..101], &copied[101..202], &copied[202..]), (&cu_q[..], &cu_k[..], &cu_q[..]));
+        let params = plan.params_at(Some(4096), None);
+        assert_eq!((params.cu_seqlens_q, params.cu_seqlens_k, params.tile_start), (4096, 4096 + 404, 4096 + 808));
+        assert_eq!((params.partial_out, params.partial_lse), (0, 0));
+    }
+
+    #[test]
+    fn the_split_workspace_holds_partial_outputs_then_partial_lses() {
+        let cu = [0, 720];
+        let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
+        let s = Strides { token: 288, head: 72 };
+        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        let rows = plan.splits * 720 * 4;
+        assert!(plan.splits > 1);
+        assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
+        let params = plan.params_at(None, Some(1 << 20));
+        assert_eq!((params.partial_out, params.partial_lse), (1 << 20, (1 << 20) + 4 * rows as u64 * 80));
+        assert_eq!(params.cu_seqlens_q, 0);
+
+        let big = [0, 16384];
+        let problem =
+            Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
+        assert_eq!(Plan::new(&problem, false, false, 132, s, s, s, s).workspace_bytes(), 0);
     }
 
     #[test]

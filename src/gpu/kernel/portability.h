@@ -20,25 +20,22 @@ typedef unsigned int va_u32;
 typedef unsigned long long va_u64;
 typedef long long va_i64;
 
+// Spelled the same by both vendors.
+#define VA_DEVICE __device__ __forceinline__
+#define __launch_bounds_va(threads) __launch_bounds__(threads)
+#define va_syncthreads() __syncthreads()
+
 #if defined(VA_NVIDIA)
 #define VA_WARP 32
-#define VA_DEVICE __device__ __forceinline__
-
-// HIP spellings on NVIDIA.
-#define __launch_bounds_va(threads) __launch_bounds__(threads)
 // The parameter block stays in constant memory even where the kernel indexes into it.
 #define VA_GRID_CONSTANT __grid_constant__
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
-#define va_syncthreads() __syncthreads()
 
 #else // VA_AMD
 #include <hip/hip_runtime.h>
 #define VA_WARP 64
-#define VA_DEVICE __device__ __forceinline__
-#define __launch_bounds_va(threads) __launch_bounds__(threads)
 #define VA_GRID_CONSTANT
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor(v, mask); }
-#define va_syncthreads() __syncthreads()
 #endif
 
 // ---- 16-bit floats as bit patterns -------------------------------------------------------
@@ -66,17 +63,20 @@ VA_DEVICE va_u32 va_pack2(float lo, float hi) {
 }
 #else // bf16
 VA_DEVICE float va_to_float(va_u16 x) { return __uint_as_float(((va_u32)x) << 16); }
+#if defined(VA_AMD)
+// f32 bits rounded to nearest even at bit 16 (the bf16 is the high half); NaN stays NaN.
+VA_DEVICE va_u32 va_round_to_bf16_bits(float x) {
+    va_u32 a = __float_as_uint(x);
+    return (a & 0x7fffffffu) > 0x7f800000u ? (a | 0x400000u) : a + 0x7fffu + ((a >> 16) & 1u);
+}
+#endif
 VA_DEVICE va_u32 va_pack2(float lo, float hi) {
 #if defined(VA_NVIDIA)
     va_u32 r;
     asm("cvt.rn.bf16x2.f32 %0, %2, %1;" : "=r"(r) : "f"(lo), "f"(hi));
     return r;
 #else
-    // Round to nearest even by hand (NaN stays NaN).
-    va_u32 a = __float_as_uint(lo), b = __float_as_uint(hi);
-    a = (a & 0x7fffffffu) > 0x7f800000u ? (a | 0x400000u) : a + 0x7fffu + ((a >> 16) & 1u);
-    b = (b & 0x7fffffffu) > 0x7f800000u ? (b | 0x400000u) : b + 0x7fffu + ((b >> 16) & 1u);
-    return (a >> 16) | (b & 0xffff0000u);
+    return (va_round_to_bf16_bits(lo) >> 16) | (va_round_to_bf16_bits(hi) & 0xffff0000u);
 #endif
 }
 #endif
