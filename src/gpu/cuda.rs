@@ -1,7 +1,7 @@
 //! The NVIDIA runtime: the CUDA driver and NVRTC, both opened at run time through cudarc (so the
 //! crate builds with no CUDA toolkit), kernels compiled per variant and cached.
 
-use super::plan::{KernelParams, Plan, Variant};
+use super::plan::{KernelParams, Plan, Target, Variant};
 use super::source;
 use crate::error::Error;
 use cudarc::driver::sys::CUdevice_attribute;
@@ -92,6 +92,11 @@ impl CudaDevice {
         self.multiprocessors
     }
 
+    /// The kernel this GPU runs: warpgroup MMAs on Hopper, `mma.sync` elsewhere.
+    pub fn target(&self) -> Target {
+        Target::nvidia(self.capability.0, self.capability.1)
+    }
+
     /// The kernels of `variant`, compiled on first use.
     fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
         let mut cache =
@@ -109,7 +114,8 @@ impl CudaDevice {
         // For tuning: VARLEN_ATTN_DUMP_PTX=folder keeps each variant's PTX (for `ptxas -v`).
         if let Some(folder) = std::env::var_os("VARLEN_ATTN_DUMP_PTX") {
             let path = std::path::Path::new(&folder).join(format!(
-                "attention_d{}_dv{}_n{}_{}.ptx",
+                "attention_{:?}_d{}_dv{}_n{}_{}.ptx",
+                variant.target,
                 variant.head_dim_pad,
                 variant.head_dim_v_pad,
                 variant.block_n,
@@ -175,7 +181,7 @@ impl CudaDevice {
         if plan.tiles > 0 {
             let config = LaunchConfig {
                 grid_dim: plan.grid(),
-                block_dim: (super::plan::THREADS_NVIDIA, 1, 1),
+                block_dim: (plan.variant.threads() as u32, 1, 1),
                 shared_mem_bytes: plan.variant.shared_bytes() as u32,
             };
             let mut launch = self.stream.launch_builder(&kernels.attention);

@@ -12,7 +12,7 @@ use ndarray::{ArrayView3, ArrayViewMut2, ArrayViewMut3};
 #[cfg(feature = "gpu")]
 use super::{
     cuda::CudaDevice,
-    plan::{Plan, Strides},
+    plan::{Plan, Strides, Target},
 };
 
 /// One GPU and the stream the calls are queued on.
@@ -143,6 +143,13 @@ impl Device {
         match &self.inner {
             Inner::Cuda(d) => d.multiprocessors(),
             Inner::Hip(d) => d.multiprocessors(),
+        }
+    }
+
+    fn target(&self) -> Target {
+        match &self.inner {
+            Inner::Cuda(d) => d.target(),
+            Inner::Hip(_) => Target::Mfma,
         }
     }
 
@@ -410,11 +417,10 @@ fn run_on_device<T: Element>(
         return Err(Error::GpuUnsupported("the output's strides must be even (pairs are stored together)".into()));
     }
     let strides = |t: usize, h: usize| Strides { token: t, head: h };
-    let amd = matches!(device.inner, Inner::Hip(_));
     let mut plan = Plan::new(
         problem,
         f16,
-        amd,
+        device.target(),
         device.multiprocessors(),
         strides(q.token_stride, q.head_stride),
         strides(k.token_stride, k.head_stride),

@@ -442,7 +442,7 @@ impl HipDevice {
                         gx,
                         gy,
                         gz,
-                        super::plan::THREADS_AMD,
+                        plan.variant.threads() as c_uint,
                         1,
                         1,
                         plan.variant.shared_bytes() as c_uint,

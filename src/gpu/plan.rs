@@ -4,60 +4,122 @@
 
 use crate::problem::Problem;
 
-/// Threads per block on NVIDIA (4 warps of 32) and AMD (4 waves of 64).
-pub(crate) const THREADS_NVIDIA: u32 = 128;
-pub(crate) const THREADS_AMD: u32 = 256;
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
-/// Blocks resident per multiprocessor: the kernels use 255 registers × 128 threads (measured
-/// with `ptxas -v` on the H200), so two fit.
-const BLOCKS_PER_MULTIPROCESSOR: usize = 2;
+
+/// Which tensor-core code a kernel is built for (one file of `kernel/` each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Target {
+    /// NVIDIA sm_80 and newer: `mma.sync` (`tile_mma.h`).
+    Mma,
+    /// NVIDIA Hopper (sm_90a): warpgroup MMAs (`tile_wgmma.h`).
+    Wgmma,
+    /// AMD CDNA: MFMA on wave64 (`tile_mfma.h`).
+    Mfma,
+}
+
+impl Target {
+    /// The NVIDIA target for compute capability `major.minor`: warpgroup MMAs on Hopper, unless
+    /// `VARLEN_ATTN_GPU_KERNEL=mma` asks for the `mma.sync` kernel there (for comparisons).
+    pub fn nvidia(major: i32, minor: i32) -> Target {
+        let forced_mma = std::env::var("VARLEN_ATTN_GPU_KERNEL").is_ok_and(|k| k == "mma");
+        if (major, minor) == (9, 0) && !forced_mma {
+            Target::Wgmma
+        } else {
+            Target::Mma
+        }
+    }
+}
 
 /// A compiled kernel's compile-time constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
     /// head_dim rounded up to 16 (the MMA's reduction step).
     pub head_dim_pad: usize,
-    /// head_dim_v rounded up to 16.
+    /// head_dim_v rounded up: to 8 for warpgroup MMAs (their N step), else to 16.
     pub head_dim_v_pad: usize,
     /// Keys per shared-memory tile.
     pub block_n: usize,
-    /// Query rows per warp (16 or 32); the block has 4 warps.
+    /// Warps (NVIDIA) or waves (AMD) per block.
+    pub warps: usize,
+    /// Query rows per warp (16 or 32).
     pub rows_per_warp: usize,
-    /// Whether Q's fragments stay in registers (else re-read from shared memory per step).
+    /// Blocks per multiprocessor the register budget is cut for (`__launch_bounds__`).
+    pub min_blocks: usize,
+    /// mma.sync: whether Q's fragments stay in registers (else re-read from shared memory).
     pub q_in_registers: bool,
     pub f16: bool,
-    /// AMD's wave64 code path (16 rows per wave, probabilities staged in shared memory).
-    pub amd: bool,
+    pub target: Target,
 }
 
 impl Variant {
     /// The variant for head dims `d` and `dv`: each padded up to the next of a few widths
     /// (multiples of the MMA's 16), so that a handful of compiled kernels serve every head dim;
-    /// the common ones (64, 72 → 80, 96, 128, 256) pad no further than the MMA needs.
-    pub fn new(d: usize, dv: usize, f16: bool, amd: bool) -> Self {
+    /// the common ones (64, 72 → 80, 96, 128, 256) pad no further than the MMA needs. Warpgroup
+    /// MMAs take any multiple of 8 as the output width, so there head_dim_v 72 stays 72.
+    pub fn new(d: usize, dv: usize, f16: bool, target: Target) -> Self {
         const WIDTHS: [usize; 7] = [32, 64, 80, 96, 128, 192, 256];
         let width = |x: usize| WIDTHS.into_iter().find(|&w| w >= x).unwrap_or(x.next_multiple_of(16));
-        let (head_dim_pad, head_dim_v_pad) = (width(d), width(dv));
-        // Wide heads get narrower key tiles, so shared memory and registers still allow two
-        // blocks per multiprocessor.
-        let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 64 } else { 32 };
-        // Two 16-row tiles per warp halve the shared-memory reads per MMA, where the registers
-        // allow it (FlashAttention-2 does the same); beyond 96 columns Q's fragments then leave
-        // the registers to the accumulators.
-        let widest = head_dim_pad.max(head_dim_v_pad);
-        let rows_per_warp = if widest <= 128 && !amd { 32 } else { 16 };
-        let q_in_registers = widest <= 96 || rows_per_warp == 16;
-        Variant { head_dim_pad, head_dim_v_pad, block_n, rows_per_warp, q_in_registers, f16, amd }
+        let head_dim_pad = width(d);
+        match target {
+            Target::Wgmma => {
+                let head_dim_v_pad = dv.next_multiple_of(8);
+                // Two warpgroups of 64 rows. Up to 128 columns the scores of 128 keys and the
+                // output fit in the registers of one block per multiprocessor (244-248 per
+                // thread, measured with `ptxas -v`); wider heads take 64 keys, so that the
+                // double-buffered tiles stay within shared memory.
+                let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 128 } else { 64 };
+                Variant {
+                    head_dim_pad,
+                    head_dim_v_pad,
+                    block_n,
+                    warps: 8,
+                    rows_per_warp: 16,
+                    min_blocks: 1,
+                    q_in_registers: false,
+                    f16,
+                    target,
+                }
+            }
+            Target::Mma | Target::Mfma => {
+                let head_dim_v_pad = width(dv);
+                let widest = head_dim_pad.max(head_dim_v_pad);
+                // Wide heads get narrower key tiles, so shared memory and registers still allow
+                // two blocks per multiprocessor.
+                let block_n = if widest <= 128 { 64 } else { 32 };
+                // Two 16-row slices per warp halve the shared-memory reads per MMA, where the
+                // registers allow it (FlashAttention-2 does the same); beyond 96 columns Q's
+                // fragments then leave the registers to the accumulators.
+                let rows_per_warp = if widest <= 128 && target == Target::Mma { 32 } else { 16 };
+                let q_in_registers = widest <= 96 || rows_per_warp == 16;
+                // 255 registers × 128 threads (measured with `ptxas -v` on sm_90): two blocks.
+                Variant {
+                    head_dim_pad,
+                    head_dim_v_pad,
+                    block_n,
+                    warps: 4,
+                    rows_per_warp,
+                    min_blocks: 2,
+                    q_in_registers,
+                    f16,
+                    target,
+                }
+            }
+        }
     }
 
     /// Query rows per block.
     pub fn block_m(&self) -> usize {
-        4 * self.rows_per_warp
+        self.warps * self.rows_per_warp
     }
 
-    pub fn for_problem(problem: &Problem, f16: bool, amd: bool) -> Self {
-        Self::new(problem.head_dim, problem.head_dim_v, f16, amd)
+    /// Threads per block.
+    pub fn threads(&self) -> usize {
+        self.warps * if self.target == Target::Mfma { 64 } else { 32 }
+    }
+
+    pub fn for_problem(problem: &Problem, f16: bool, target: Target) -> Self {
+        Self::new(problem.head_dim, problem.head_dim_v, f16, target)
     }
 
     /// The `-D` definitions the kernel source expects.
@@ -66,20 +128,27 @@ impl Variant {
             format!("-DVA_HEAD_DIM_PAD={}", self.head_dim_pad),
             format!("-DVA_HEAD_DIM_V_PAD={}", self.head_dim_v_pad),
             format!("-DVA_BLOCK_N={}", self.block_n),
+            format!("-DVA_WARPS={}", self.warps),
             format!("-DVA_ROWS_PER_WARP={}", self.rows_per_warp),
             format!("-DVA_Q_IN_REGISTERS={}", u8::from(self.q_in_registers)),
         ];
+        d.push(format!("-DVA_MIN_BLOCKS={}", self.min_blocks));
+        if self.target == Target::Wgmma {
+            d.push("-DVA_WGMMA=1".into());
+        }
         if self.f16 {
             d.push("-DVA_IS_F16=1".into());
         }
         d
     }
 
-    /// Dynamic shared memory of one block, in bytes (must match the kernel's layout).
+    /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, two
+    /// K and two V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows are
+    /// padded by 8 elements.
     pub fn shared_bytes(&self) -> usize {
-        let q_stride = self.head_dim_pad + 8;
-        let v_stride = self.head_dim_v_pad + 8;
-        let staging = if self.amd { self.block_m() * self.block_n } else { 0 };
+        let pad = if self.target == Target::Wgmma { 0 } else { 8 };
+        let (q_stride, v_stride) = (self.head_dim_pad + pad, self.head_dim_v_pad + pad);
+        let staging = if self.target == Target::Mfma { self.block_m() * self.block_n } else { 0 };
         2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride + staging)
     }
 }
@@ -164,14 +233,14 @@ impl Plan {
     pub fn new(
         problem: &Problem,
         f16: bool,
-        amd: bool,
+        target: Target,
         multiprocessors: usize,
         q: Strides,
         k: Strides,
         v: Strides,
         out: Strides,
     ) -> Plan {
-        let variant = Variant::for_problem(problem, f16, amd);
+        let variant = Variant::for_problem(problem, f16, target);
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
         metadata.extend_from_slice(cu_seqlens_q);
@@ -191,7 +260,7 @@ impl Plan {
         // time: measured 56 µs for shape 0 split 3 ways into 288 blocks for 264 slots), each split
         // keeping at least two key tiles to stream.
         let blocks = tiles * problem.num_heads;
-        let slots = multiprocessors * BLOCKS_PER_MULTIPROCESSOR;
+        let slots = multiprocessors * variant.min_blocks;
         let key_tiles = longest_keys.div_ceil(variant.block_n);
         let splits = if blocks > 0 && blocks < slots && key_tiles >= 4 {
             (slots / blocks).min(key_tiles / 2).clamp(1, MAX_SPLITS)
@@ -312,7 +381,7 @@ mod tests {
         let plan = Plan::new(
             &problem,
             false,
-            false,
+            Target::Mma,
             132,
             s,
             Strides { token: 72, head: 72 },
@@ -327,10 +396,12 @@ mod tests {
                 head_dim_pad: 80,
                 head_dim_v_pad: 80,
                 block_n: 64,
+                warps: 4,
                 rows_per_warp: 32,
+                min_blocks: 2,
                 q_in_registers: true,
                 f16: false,
-                amd: false
+                target: Target::Mma
             }
         );
     }
@@ -341,7 +412,7 @@ mod tests {
         let cu_small = [0, 64, 64, 130];
         let problem =
             Problem::new([130, 1, 72], [130, 1, 72], [130, 1, 72], &cu_small, &cu_small, &Params::default()).unwrap();
-        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
         assert_eq!(plan.metadata_to_copy(), None);
         assert_eq!(plan.params.inline_metadata, 1);
         assert_eq!(plan.params.metadata[..12], [0, 64, 64, 130, 0, 64, 64, 130, 0, 1, 1, 2]);
@@ -350,7 +421,7 @@ mod tests {
         let cu_q: Vec<i32> = (0..=100).collect();
         let cu_k: Vec<i32> = (0..=100).map(|i| 2 * i).collect();
         let problem = Problem::new([100, 1, 72], [200, 1, 72], [200, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
-        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
         let copied = plan.metadata_to_copy().expect("too large to inline");
         assert_eq!((&copied[..101], &copied[101..202], &copied[202..]), (&cu_q[..], &cu_k[..], &cu_q[..]));
         let params = plan.params_at(Some(4096), None);
@@ -363,7 +434,7 @@ mod tests {
         let cu = [0, 720];
         let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
         let s = Strides { token: 288, head: 72 };
-        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
         let rows = plan.splits * 720 * 4;
         assert!(plan.splits > 1);
         assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
@@ -374,7 +445,7 @@ mod tests {
         let big = [0, 16384];
         let problem =
             Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
-        assert_eq!(Plan::new(&problem, false, false, 132, s, s, s, s).workspace_bytes(), 0);
+        assert_eq!(Plan::new(&problem, false, Target::Mma, 132, s, s, s, s).workspace_bytes(), 0);
     }
 
     #[test]
@@ -382,16 +453,16 @@ mod tests {
         let cu = [0, 720];
         let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
         let s = Strides { token: 288, head: 72 };
-        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
         assert!(plan.splits > 1 && plan.splits <= 720usize.div_ceil(64) / 2, "{}", plan.splits);
         // The seed's shape 0: 6 tiles × 16 heads = 96 blocks; 2 splits fill one wave of 264.
         let problem = Problem::new([720, 16, 72], [720, 16, 72], [720, 16, 72], &cu, &cu, &Params::default()).unwrap();
-        let plan = Plan::new(&problem, false, false, 132, s, s, s, s);
+        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
         assert_eq!(plan.splits, 2);
         assert!(plan.grid().0 as usize * 16 * plan.splits <= 2 * 132);
         let big = [0, 16384];
         let problem =
             Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
-        assert_eq!(Plan::new(&problem, false, false, 132, s, s, s, s).splits, 1);
+        assert_eq!(Plan::new(&problem, false, Target::Mma, 132, s, s, s, s).splits, 1);
     }
 }

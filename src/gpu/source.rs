@@ -1,13 +1,37 @@
 //! The kernel's one source, assembled for the run-time compilers (NVRTC on NVIDIA, hipRTC on
 //! AMD): the portability header is inlined, since neither compiler sees our files.
 
-use super::plan::Variant;
+use super::plan::{Target, Variant};
 
-/// The HIP C++ source with `portability.h` inlined.
+/// The kernel's files: the entry point and the headers it includes.
+const FILES: [(&str, &str); 7] = [
+    ("attention.hip", include_str!("kernel/attention.hip")),
+    ("portability.h", include_str!("kernel/portability.h")),
+    ("fragments.h", include_str!("kernel/fragments.h")),
+    ("tile_mma.h", include_str!("kernel/tile_mma.h")),
+    ("tile_wgmma.h", include_str!("kernel/tile_wgmma.h")),
+    ("wgmma.h", include_str!("kernel/wgmma.h")),
+    ("tile_mfma.h", include_str!("kernel/tile_mfma.h")),
+];
+
+/// The HIP C++ source with its headers inlined (each `#include "name.h"` line replaced by the
+/// file, recursively; every header is `#pragma once`, and each is included once).
 pub(crate) fn kernel_source() -> String {
-    const HEADER: &str = include_str!("kernel/portability.h");
-    const KERNEL: &str = include_str!("kernel/attention.hip");
-    KERNEL.replace("#include \"portability.h\"", HEADER)
+    fn inline(text: &str, out: &mut String) {
+        for line in text.lines() {
+            let header = line.strip_prefix("#include \"").and_then(|rest| rest.strip_suffix('"'));
+            match header.and_then(|name| FILES.iter().find(|(file, _)| *file == name)) {
+                Some((_, contents)) => inline(contents, out),
+                None => {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
+    }
+    let mut source = String::new();
+    inline(FILES[0].1, &mut source);
+    source
 }
 
 /// NVRTC options for `variant` on compute capability `major.minor`: `sm_90a` on Hopper (so
@@ -28,7 +52,7 @@ pub(crate) fn nvrtc_options(variant: &Variant, major: i32, minor: i32) -> Vec<St
 /// assert!(all[0].contains(&"--offload-arch=gfx90a".to_string()));
 /// ```
 pub fn hipcc_check_arguments(arch: &str) -> Vec<Vec<String>> {
-    compile_check_variants(true)
+    compile_check_variants(&[Target::Mfma])
         .iter()
         .map(|v| {
             let mut args = vec!["--genco".to_string(), format!("--offload-arch={arch}"), "-O3".to_string()];
@@ -46,14 +70,17 @@ pub(crate) fn hiprtc_options(variant: &Variant, arch: &str) -> Vec<String> {
     options
 }
 
-/// The variants the compile check covers: the seed's head dims, odd ones, the extremes,
-/// D_v ≠ D, both element types.
-pub(crate) fn compile_check_variants(amd: bool) -> Vec<Variant> {
+/// The variants the compile check covers for `targets`: the seed's head dims, odd ones, the
+/// extremes, D_v ≠ D, both element types.
+pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
     let mut all = Vec::new();
-    for (d, dv) in [(72, 72), (128, 128), (64, 64), (80, 80), (96, 96), (256, 256), (7, 7), (33, 65), (1, 1), (200, 40)]
-    {
-        for f16 in [false, true] {
-            all.push(Variant::new(d, dv, f16, amd));
+    for &target in targets {
+        for (d, dv) in
+            [(72, 72), (128, 128), (64, 64), (80, 80), (96, 96), (256, 256), (7, 7), (33, 65), (1, 1), (200, 40)]
+        {
+            for f16 in [false, true] {
+                all.push(Variant::new(d, dv, f16, target));
+            }
         }
     }
     all
@@ -76,7 +103,9 @@ pub fn compile_check_nvidia(major: i32, minor: i32) -> Result<usize, crate::Erro
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(crate::Error::NoDevice("NVRTC (libnvrtc.so.13) was not found".into()));
     }
-    let variants = compile_check_variants(false);
+    // Hopper builds both NVIDIA kernels (`VARLEN_ATTN_GPU_KERNEL=mma` selects the older one).
+    let targets: &[Target] = if (major, minor) == (9, 0) { &[Target::Wgmma, Target::Mma] } else { &[Target::Mma] };
+    let variants = compile_check_variants(targets);
     for variant in &variants {
         let options =
             cudarc::nvrtc::CompileOptions { options: nvrtc_options(variant, major, minor), ..Default::default() };

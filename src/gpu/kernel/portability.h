@@ -22,11 +22,12 @@ typedef long long va_i64;
 
 // Spelled the same by both vendors.
 #define VA_DEVICE __device__ __forceinline__
-#define __launch_bounds_va(threads) __launch_bounds__(threads)
 #define va_syncthreads() __syncthreads()
 
 #if defined(VA_NVIDIA)
 #define VA_WARP 32
+// At most `threads` per block, registers for at least `blocks` blocks per multiprocessor.
+#define __launch_bounds_va(threads, blocks) __launch_bounds__(threads, blocks)
 // The parameter block stays in constant memory even where the kernel indexes into it.
 #define VA_GRID_CONSTANT __grid_constant__
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
@@ -34,6 +35,8 @@ VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffff
 #else // VA_AMD
 #include <hip/hip_runtime.h>
 #define VA_WARP 64
+// HIP's second argument means something else (waves per execution unit): threads only.
+#define __launch_bounds_va(threads, blocks) __launch_bounds__(threads)
 #define VA_GRID_CONSTANT
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor(v, mask); }
 #endif

@@ -1,0 +1,122 @@
+// NVIDIA: the online softmax and the final write on accumulator fragments, shared by the
+// mma.sync and the warpgroup-MMA tiles. Both hold a 16-row slice of scores and outputs per warp
+// in the m16n8 accumulator layout: thread (g = lane / 4, t = lane % 4) holds, of each 8-column
+// chunk, rows g and g + 8 (elements 0-1 and 2-3) of columns 2t and 2t + 1.
+
+#pragma once
+
+// Per-row running state of one 16-row fragment slice (this thread's rows g and g + 8).
+struct VaRows {
+    int row[2];       // rows within the sequence
+    float max[2];     // running maximum of the scores, in score units
+    float sum[2];     // running sum of exp2((s - max) · factor), this thread's columns only
+};
+
+VA_DEVICE VaRows va_rows(int first_row, int g) {
+    return VaRows{{first_row + g, first_row + g + 8}, {VA_NEG_INF, VA_NEG_INF}, {0.0f, 0.0f}};
+}
+
+// One key tile of the online softmax: soft-cap (in base-2 units), masked keys to -inf where
+// `masked`, the new row maxima, and then `s` becomes the probabilities exp2(s · factor - max ·
+// factor) (one FMA and one ex2 each) while the row sums and `o` are rescaled by the change of
+// the maxima. Scores stay in `factor` units: factor is scale · log2(e), or 1 with a soft-cap.
+template <int NS, int NO>
+VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], float (&o)[NO][4], VaRows& r,
+                                   int key0, bool masked, float factor) {
+    if (p.softcap > 0.0f) {
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = p.softcap * tanhf(s[n][e] * p.scale_over_softcap) * VA_LOG2E;
+    }
+    if (masked) {
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (!va_key_visible(p, tile, r.row[e / 2], key0 + n * 8 + (e % 2))) s[n][e] = VA_NEG_INF;
+    }
+    float tile_max[2] = {VA_NEG_INF, VA_NEG_INF};
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+        tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
+        tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
+    }
+    float alpha[2], shift[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        tile_max[i] = fmaxf(tile_max[i], va_shfl_xor(tile_max[i], 1));
+        tile_max[i] = fmaxf(tile_max[i], va_shfl_xor(tile_max[i], 2));
+        const float new_max = fmaxf(r.max[i], tile_max[i]);
+        // A row that has seen only masked keys subtracts 0, not -inf (no NaN from inf - inf).
+        shift[i] = new_max == VA_NEG_INF ? 0.0f : new_max * factor;
+        alpha[i] = va_exp2(r.max[i] * factor - shift[i]);
+        r.max[i] = new_max;
+        r.sum[i] *= alpha[i];
+    }
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float pe = va_exp2(fmaf(s[n][e], factor, -shift[e / 2]));
+            s[n][e] = pe;
+            r.sum[e / 2] += pe;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NO; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
+// The probabilities of keys [16 kk, 16 kk + 16) as the A fragment of a 16-key MMA step: the
+// accumulators of two adjacent 8-key chunks are exactly that fragment (FlashAttention-2's
+// register reuse).
+template <int NS> VA_DEVICE void va_probability_fragment(va_u32 (&a)[4], const float (&s)[NS][4], int kk) {
+    a[0] = va_pack2(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = va_pack2(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = va_pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = va_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// The row sums across the quad, then one write of O (or of this split's partial O) and the LSE.
+template <int NO>
+VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const float (&o)[NO][4], const VaRows& r, float factor,
+                                 int t) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float sum = r.sum[i];
+        sum += va_shfl_xor(sum, 1);
+        sum += va_shfl_xor(sum, 2);
+        if (r.row[i] >= tile.lq) continue;
+        const int token = tile.q_start + r.row[i];
+        const bool seen = sum != 0.0f; // no visible key (or only -inf scores): 0 and -inf
+        const float lse = seen ? r.max[i] * factor * VA_LN2 + logf(sum) : VA_NEG_INF;
+        if (p.splits == 1) {
+            va_u16* dst = p.out + (va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int col = n * 8 + 2 * t;
+                const float a = seen ? o[n][2 * i] / sum : 0.0f, c = seen ? o[n][2 * i + 1] / sum : 0.0f;
+                if (col + 1 < p.head_dim_v) {
+                    *(va_u32*)(dst + col) = va_pack2(a, c);
+                } else if (col < p.head_dim_v) {
+                    dst[col] = va_from_float(a);
+                }
+            }
+            if (t == 0 && p.lse) p.lse[(va_i64)tile.head * p.total_q + token] = lse;
+        } else {
+            float* dst = p.partial_out + (((va_i64)tile.split * p.total_q + token) * p.heads + tile.head) * VA_HEAD_DIM_V_PAD;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int col = n * 8 + 2 * t;
+                dst[col] = seen ? o[n][2 * i] / sum : 0.0f;
+                dst[col + 1] = seen ? o[n][2 * i + 1] / sum : 0.0f;
+            }
+            if (t == 0) p.partial_lse[((va_i64)tile.split * p.heads + tile.head) * p.total_q + token] = lse;
+        }
+    }
+}
