@@ -63,7 +63,9 @@ impl Variant {
         let head_dim_pad = width(d);
         match target {
             Target::Wgmma => {
-                let head_dim_v_pad = dv.next_multiple_of(8);
+                // Any multiple of 8 would do; a few widths keep the compiled variants few.
+                const V_WIDTHS: [usize; 8] = [32, 64, 72, 80, 96, 128, 192, 256];
+                let head_dim_v_pad = V_WIDTHS.into_iter().find(|&w| w >= dv).unwrap_or(dv.next_multiple_of(8));
                 // Two warpgroups of 64 rows. Up to 128 columns the scores of 128 keys and the
                 // output fit in the registers of one block per multiprocessor (244-248 per
                 // thread, measured with `ptxas -v`); wider heads take 64 keys, so that the
@@ -404,6 +406,22 @@ mod tests {
                 target: Target::Mma
             }
         );
+    }
+
+    #[test]
+    fn hopper_variants_keep_head_dim_v_72_and_fit_shared_memory() {
+        let v = Variant::new(72, 72, false, Target::Wgmma);
+        assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 256));
+        // Q, two K tiles, two V tiles of bf16, no row padding: (128·80 + 2·128·80 + 2·128·72) · 2.
+        assert_eq!(v.shared_bytes(), 98304);
+        assert!(v.defines().contains(&"-DVA_WGMMA=1".to_string()));
+        for (d, dv) in [(256, 256), (200, 40), (1, 1), (128, 128)] {
+            let v = Variant::new(d, dv, true, Target::Wgmma);
+            assert!(v.shared_bytes() <= 227 * 1024, "{v:?}");
+            assert!(v.head_dim_v_pad >= dv && v.head_dim_v_pad.is_multiple_of(8));
+        }
+        assert_eq!(Variant::new(72, 72, false, Target::Mma).threads(), 128);
+        assert_eq!(Variant::new(72, 72, false, Target::Mfma).threads(), 256);
     }
 
     #[test]

@@ -114,3 +114,15 @@ pub fn compile_check_nvidia(major: i32, minor: i32) -> Result<usize, crate::Erro
     }
     Ok(variants.len())
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_source_has_every_header_inlined() {
+        let source = super::kernel_source();
+        assert!(!source.contains("#include \""), "a local header was left as an include");
+        for name in ["va_attention_tile_wgmma", "va_attention_tile_mma", "va_attention_tile_mfma", "va_copy16"] {
+            assert!(source.contains(name), "{name} is missing");
+        }
+    }
+}
