@@ -31,7 +31,7 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
     va_u16* k_smem = q_smem + VA_BLOCK_M * VA_Q_STRIDE;      // [BLOCK_N][Q_STRIDE] (one of two buffers used)
     va_u16* v_smem = k_smem + 2 * VA_BLOCK_N * VA_Q_STRIDE;  // [BLOCK_N][V_STRIDE]
     va_u16* p_smem = v_smem + 2 * VA_BLOCK_N * VA_V_STRIDE;  // [waves][16][BLOCK_N]
-    const int lq = tile.lq, lk = tile.lk, m0 = tile.m0, offset = tile.offset;
+    const int lq = tile.lq, lk = tile.lk, m0 = tile.m0;
     constexpr int KQ = VA_HEAD_DIM_PAD / 16, NS = VA_BLOCK_N / 16, NO = VA_HEAD_DIM_V_PAD / 16;
     const int wave = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
     const int col = lane % 16, quad = lane / 16;
@@ -65,9 +65,7 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
                 float x = s[n][i];
                 if (p.softcap > 0.0f) x = p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E;
                 const int row = m0 + wave * 16 + 4 * quad + i, key = j * VA_BLOCK_N + n * 16 + col;
-                const bool seen = key < lk && (p.window_left < 0 || key >= row + offset - p.window_left) &&
-                                  (p.window_right < 0 || key <= row + offset + p.window_right);
-                x = seen ? x : VA_NEG_INF;
+                x = va_key_visible(p, tile, row, key) ? x : VA_NEG_INF;
                 s[n][i] = x;
                 tile_max[i] = fmaxf(tile_max[i], x);
             }
