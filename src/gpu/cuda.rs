@@ -26,6 +26,8 @@ pub(crate) struct CudaDevice {
     stream: Arc<CudaStream>,
     name: String,
     capability: (i32, i32),
+    /// The kernel this GPU runs, chosen once when it is opened.
+    target: Target,
     multiprocessors: usize,
     kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
     /// The key-split workspace, kept between calls (they are ordered on the one stream).
@@ -78,6 +80,7 @@ impl CudaDevice {
             stream,
             name,
             capability,
+            target: Target::nvidia(capability.0, capability.1),
             multiprocessors,
             kernels: Mutex::new(HashMap::new()),
             workspace: Mutex::new(None),
@@ -94,7 +97,7 @@ impl CudaDevice {
 
     /// The kernel this GPU runs: warpgroup MMAs on Hopper, `mma.sync` elsewhere.
     pub fn target(&self) -> Target {
-        Target::nvidia(self.capability.0, self.capability.1)
+        self.target
     }
 
     /// The kernels of `variant`, compiled on first use.

@@ -133,8 +133,8 @@ impl Variant {
             format!("-DVA_WARPS={}", self.warps),
             format!("-DVA_ROWS_PER_WARP={}", self.rows_per_warp),
             format!("-DVA_Q_IN_REGISTERS={}", u8::from(self.q_in_registers)),
+            format!("-DVA_MIN_BLOCKS={}", self.min_blocks),
         ];
-        d.push(format!("-DVA_MIN_BLOCKS={}", self.min_blocks));
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
         }
