@@ -1,71 +1,111 @@
 // NVIDIA Hopper (sm_90a): one tile with warpgroup MMAs. The block is two warpgroups of four
 // warps, each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync, so the
-// softmax and the write are shared with tile_mma.h). Q, K and V sit in shared memory in the
-// no-swizzle core-matrix layout the tensor cores read directly: S = Q K^T takes both operands
-// from there, O += P V takes P from registers (the score accumulators, rounded) and V from
-// there, transposed by the instruction. No ldmatrix, and one K or V read serves 64 rows.
+// softmax and the write are shared with tile_mma.h). Q, K and V sit in shared memory in layouts
+// the tensor cores read directly (64-column slabs with 128-byte swizzle, the rest of a head in
+// core matrices): S = Q K^T takes both operands from there, O += P V takes P from registers (the
+// score accumulators, rounded) and V from there, transposed by the instruction. No ldmatrix, and
+// one K or V read serves 64 rows.
 
 #pragma once
 
 #include "wgmma.h"
 
-// Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into shared memory in the
-// core-matrix layout: groups of 8 rows, each group CHUNKS core matrices (8 rows × 8 elements,
-// 128 contiguous bytes) one after another along the row. Eight consecutive threads fill one
-// core matrix, so a warp's 16-byte copies land on distinct banks. Rows past `valid_rows` and
-// columns past `dims` are zero-filled.
-template <int CHUNKS, int ROWS>
+// A [ROWS, WIDTH] tile in shared memory as the tensor cores read it: the first 64 · SLABS
+// columns in slabs of 64, each slab a column of 1024-byte atoms (8 rows × 128 bytes, 128-byte
+// swizzle: a row's 16-byte chunk c sits at chunk c XOR row % 8); the last TAIL_CHUNKS · 8
+// columns (head dims that are not multiples of 64: 72's last 8) after the slabs in the
+// no-swizzle core-matrix layout, groups of 8 rows each TAIL_CHUNKS core matrices long. Every
+// part is a multiple of 1024 bytes, so every slab starts on an atom.
+template <int ROWS, int WIDTH> struct VaCoreTile {
+    static constexpr int SLABS = WIDTH / 64;
+    static constexpr int TAIL_CHUNKS = (WIDTH % 64) / 8;
+    static constexpr int SLAB = ROWS * 64;      // elements of one slab
+    static constexpr int TAIL = SLABS * SLAB;   // where the tail starts
+    static constexpr int ELEMS = ROWS * WIDTH;
+};
+
+// Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into a VaCoreTile; rows past
+// `valid_rows` and columns past `dims` are zero-filled. In the slabs, eight consecutive
+// threads copy one row's 128 contiguous bytes into one 128-byte atom row (full sectors from
+// L2, distinct banks); in the tail, eight consecutive threads fill one core matrix.
+template <int ROWS, int WIDTH>
 VA_DEVICE void va_load_core_tile(va_u16* smem, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
-    for (int i = threadIdx.x; i < ROWS * CHUNKS; i += VA_THREADS) {
-        const int r8 = i % 8, c = (i / 8) % CHUNKS, group = i / (8 * CHUNKS);
-        const int row = row0 + group * 8 + r8;
-        int elems = dims - c * 8;
-        elems = row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
-        const va_u16* src = elems > 0 ? base + (va_i64)row * token_stride + c * 8 : base;
-        va_copy16(smem + ((group * CHUNKS + c) * 8 + r8) * 8, src, elems * 2);
+    using T = VaCoreTile<ROWS, WIDTH>;
+    const auto copy = [&](va_u16* dst, int row, int col) {
+        int elems = dims - col;
+        elems = row0 + row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
+        const va_u16* src = elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base;
+        va_copy16(dst, src, elems * 2);
+    };
+    for (int i = threadIdx.x; i < ROWS * T::SLABS * 8; i += VA_THREADS) {
+        const int chunk = i % 8, row = (i / 8) % ROWS, slab = i / (8 * ROWS);
+        copy(smem + slab * T::SLAB + row * 64 + (chunk ^ (row % 8)) * 8, row, slab * 64 + chunk * 8);
+    }
+    for (int i = threadIdx.x; i < ROWS * T::TAIL_CHUNKS; i += VA_THREADS) {
+        const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
+        copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
     }
 }
 
-// O[:, N0 : N0 + REST) += P V for one 16-key step (`v_keys`: its first 8-key group), in pieces
-// of 128, 64, 32, 16 and 8 columns (one instruction each): head_dim_v 72 is 64 + 8, with no
-// padded columns.
+// The descriptor of k-step kk (16 columns) of `rows` (64 or more rows of a K-major VaCoreTile,
+// starting at a multiple of 8): in a slab, the 32-byte step within its atoms; in the tail, two
+// core matrices.
+template <int ROWS, int WIDTH> VA_DEVICE va_u64 va_k_major_descriptor(const va_u16* tile, int first_row, int kk) {
+    using T = VaCoreTile<ROWS, WIDTH>;
+    if (kk < T::SLABS * 4) return va_wgmma_descriptor(tile + (kk / 4) * T::SLAB + first_row * 64 + (kk % 4) * 16, 16, 1024, 1);
+    return va_wgmma_descriptor(tile + T::TAIL + first_row * T::TAIL_CHUNKS * 8 + (kk - T::SLABS * 4) * 128, 128, T::TAIL_CHUNKS * 128);
+}
+
+// O[:, N0 : N0 + REST) += P V for the 16-key step kk, one instruction per piece: up to 128
+// columns at a time from the slabs (MN-major, 128-byte swizzle: atoms along N one slab apart,
+// along K 1024 bytes apart), then 64, 32, 16 or 8 from the tail. head_dim_v 72 is 64 + 8, with
+// no padded columns.
 template <int N0, int REST>
-VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&a)[4], const va_u16* v_keys) {
+VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&a)[4], const va_u16* vs, int kk) {
     if constexpr (REST > 0) {
-        constexpr int P = REST >= 128 ? 128 : REST >= 64 ? 64 : REST >= 32 ? 32 : REST >= 16 ? 16 : 8;
-        constexpr int VC = VA_HEAD_DIM_V_PAD / 8;
-        // Along K (keys) the next core matrix is the next 8-key group; along N, the next one.
-        const va_u64 b = va_wgmma_descriptor(v_keys + (N0 / 8) * 64, VC * 128, 128);
+        using T = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>;
+        constexpr bool SLAB = N0 < T::SLABS * 64;
+        constexpr int AVAILABLE = SLAB ? T::SLABS * 64 - N0 : REST;
+        constexpr int P = AVAILABLE >= 128 ? 128 : AVAILABLE >= 64 ? 64 : AVAILABLE >= 32 ? 32 : AVAILABLE >= 16 ? 16 : 8;
+        va_u64 b;
+        if constexpr (SLAB) {
+            b = va_wgmma_descriptor(vs + (N0 / 64) * T::SLAB + kk * 16 * 64, T::SLAB * 2, 1024, 1);
+        } else {
+            b = va_wgmma_descriptor(vs + T::TAIL + kk * 2 * T::TAIL_CHUNKS * 64 + ((N0 - T::SLABS * 64) / 8) * 64,
+                                    T::TAIL_CHUNKS * 128, 128);
+        }
         VaWgmma<P>::template rs<1>(*reinterpret_cast<float(*)[P / 2]>(&o[N0 / 8][0]), a, b, 1);
-        va_wgmma_pv<N0 + P, REST - P>(o, a, v_keys);
+        va_wgmma_pv<N0 + P, REST - P>(o, a, vs, kk);
     }
 }
 
 VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va_u16* smem) {
-    constexpr int QC = VA_HEAD_DIM_PAD / 8;   // core matrices along a row of Q and K
-    constexpr int VC = VA_HEAD_DIM_V_PAD / 8; // ... of V
     constexpr int KQ = VA_HEAD_DIM_PAD / 16;  // k-steps of the score product
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
-    constexpr int K_TILE = VA_BLOCK_N * VA_HEAD_DIM_PAD, V_TILE = VA_BLOCK_N * VA_HEAD_DIM_V_PAD;
+    constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
+    constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
+    // Swizzled atoms must start on 1024 bytes: the host allots 1 KiB more for the alignment.
+    smem += ((1024 - (va_smem_addr(smem) & 1023)) & 1023) / 2;
     va_u16* q_smem = smem;                                  // [BLOCK_M * HEAD_DIM_PAD]
     va_u16* k_smem = q_smem + VA_BLOCK_M * VA_HEAD_DIM_PAD; // [2][K_TILE]
     va_u16* v_smem = k_smem + 2 * K_TILE;                   // [2][V_TILE]
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
     const int g = lane / 4, t = lane % 4;
 
-    va_load_core_tile<QC, VA_BLOCK_M>(q_smem, tile.q, p.q_token_stride, tile.m0, tile.lq, p.head_dim);
+    va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD>(q_smem, tile.q, p.q_token_stride, tile.m0, tile.lq, p.head_dim);
     if (tile.j_begin < tile.j_end) {
-        va_load_core_tile<QC, VA_BLOCK_N>(k_smem, tile.k, p.k_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk, p.head_dim);
-        va_load_core_tile<VC, VA_BLOCK_N>(v_smem, tile.v, p.v_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk, p.head_dim_v);
+        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD>(k_smem, tile.k, p.k_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk, p.head_dim);
+        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>(v_smem, tile.v, p.v_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk,
+                                                          p.head_dim_v);
     }
     va_copy_commit();
     va_copy_wait<0>();
     va_fence_proxy_async();
     va_syncthreads();
 
-    // This warpgroup's 64 rows of Q (8 row groups); a k-step is two core matrices further on.
-    const va_u16* q_group = q_smem + (warp / 4) * 64 * VA_HEAD_DIM_PAD;
+    // This warpgroup's 64 rows of Q.
+    const int q_first = (warp / 4) * 64;
     const int warp_first = tile.m0 + warp * 16;
     const int warp_last = min(warp_first + 15, tile.lq - 1);
     float o[NO][4];
@@ -80,10 +120,10 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
         // The next tile streams in while this one is computed; its buffer was last read by the
         // previous iteration, which every thread has finished (the barrier at the loop's end).
         if (j + 1 < tile.j_end) {
-            va_load_core_tile<QC, VA_BLOCK_N>(k_smem + (buf ^ 1) * K_TILE, tile.k, p.k_token_stride, (j + 1) * VA_BLOCK_N, tile.lk,
-                                              p.head_dim);
-            va_load_core_tile<VC, VA_BLOCK_N>(v_smem + (buf ^ 1) * V_TILE, tile.v, p.v_token_stride, (j + 1) * VA_BLOCK_N, tile.lk,
-                                              p.head_dim_v);
+            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD>(k_smem + (buf ^ 1) * K_TILE, tile.k, p.k_token_stride, (j + 1) * VA_BLOCK_N,
+                                                           tile.lk, p.head_dim);
+            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>(v_smem + (buf ^ 1) * V_TILE, tile.v, p.v_token_stride, (j + 1) * VA_BLOCK_N,
+                                                             tile.lk, p.head_dim_v);
             va_copy_commit();
         }
         const va_u16* ks = k_smem + buf * K_TILE;
@@ -95,8 +135,8 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
         va_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KQ; ++kk) {
-            VaWgmma<VA_BLOCK_N>::ss<0>(s_flat, va_wgmma_descriptor(q_group + kk * 128, 128, QC * 128),
-                                       va_wgmma_descriptor(ks + kk * 128, 128, QC * 128), kk > 0);
+            VaWgmma<VA_BLOCK_N>::ss<0>(s_flat, va_k_major_descriptor<VA_BLOCK_M, VA_HEAD_DIM_PAD>(q_smem, q_first, kk),
+                                       va_k_major_descriptor<VA_BLOCK_N, VA_HEAD_DIM_PAD>(ks, 0, kk), kk > 0);
         }
         va_wgmma_commit();
         va_wgmma_wait<0>();
@@ -105,14 +145,14 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
         const bool masked = va_tile_needs_mask(p, tile, j, warp_first, warp_last);
         va_softmax_fragment(p, tile, s, o, rows, j * VA_BLOCK_N + 2 * t, masked, factor);
 
-        // O += P V: P from registers, V N-major in shared memory.
+        // O += P V: P from registers, V MN-major in shared memory.
         va_u32 pf[VA_BLOCK_N / 16][4];
 #pragma unroll
         for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_probability_fragment(pf[kk], s, kk);
         va_fence_registers(o_flat);
         va_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_wgmma_pv<0, VA_HEAD_DIM_V_PAD>(o, pf[kk], vs + kk * 2 * VC * 64);
+        for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_wgmma_pv<0, VA_HEAD_DIM_V_PAD>(o, pf[kk], vs, kk);
         va_wgmma_commit();
         va_wgmma_wait<0>();
         va_fence_registers(o_flat);

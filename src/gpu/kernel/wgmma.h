@@ -12,12 +12,16 @@
 #define VA_WGMMA_TYPES "f32.bf16.bf16"
 #endif
 
-// Shared-memory matrix descriptor, no swizzle: the operand is made of 8x8 core matrices (8 rows of
-// 16 contiguous bytes); `leading` is the byte distance between core matrices along K, `stride`
-// between core matrices along M (or N). Addresses and distances are encoded in 16-byte units.
-VA_DEVICE va_u64 va_wgmma_descriptor(const void* smem, va_u32 leading, va_u32 stride) {
+// Shared-memory matrix descriptor. `swizzle` is 0 (none) or 1 (128-byte). Without swizzle the
+// operand is made of 8x8 core matrices (8 rows of 16 contiguous bytes); with 128-byte swizzle, of
+// 1024-byte atoms (8 rows of 128 bytes, each row's 16-byte chunks permuted by XOR with the row).
+// `leading` and `stride` are byte distances as CUTLASS names them: no swizzle, leading runs along
+// K and stride along M or N; 128-byte swizzle, K-major: stride between 8-row atoms (leading
+// unused); MN-major: leading between atoms along M or N, stride between 8-row atoms along K.
+// Addresses and distances are encoded in 16-byte units.
+VA_DEVICE va_u64 va_wgmma_descriptor(const void* smem, va_u32 leading, va_u32 stride, va_u32 swizzle = 0) {
     return (va_u64)((va_smem_addr(smem) & 0x3ffff) >> 4) | ((va_u64)((leading >> 4) & 0x3fff) << 16) |
-           ((va_u64)((stride >> 4) & 0x3fff) << 32);
+           ((va_u64)((stride >> 4) & 0x3fff) << 32) | ((va_u64)swizzle << 62);
 }
 
 // Orders this thread's earlier register writes before the next warpgroup MMAs read them.
