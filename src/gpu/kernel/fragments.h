@@ -36,15 +36,21 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
             for (int e = 0; e < 4; ++e)
                 if (!va_key_visible(p, tile, r.row[e / 2], key0 + n * 8 + (e % 2))) s[n][e] = VA_NEG_INF;
     }
-    float tile_max[2] = {VA_NEG_INF, VA_NEG_INF};
+    // Maxima and sums run as four interleaved chains per row, not one dependent chain of NS
+    // steps: with two warps per scheduler, nothing else would hide those latencies.
+    static_assert(NS % 4 == 0, "key tiles are multiples of 32 keys");
+    float chain[2][4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) chain[0][c] = chain[1][c] = VA_NEG_INF;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
-        tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
-        tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
+        chain[0][n % 4] = fmaxf(chain[0][n % 4], fmaxf(s[n][0], s[n][1]));
+        chain[1][n % 4] = fmaxf(chain[1][n % 4], fmaxf(s[n][2], s[n][3]));
     }
-    float alpha[2], shift[2];
+    float tile_max[2], alpha[2], shift[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+        tile_max[i] = fmaxf(fmaxf(chain[i][0], chain[i][1]), fmaxf(chain[i][2], chain[i][3]));
         tile_max[i] = fmaxf(tile_max[i], va_shfl_xor(tile_max[i], 1));
         tile_max[i] = fmaxf(tile_max[i], va_shfl_xor(tile_max[i], 2));
         const float new_max = fmaxf(r.max[i], tile_max[i]);
@@ -52,17 +58,20 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
         shift[i] = new_max == VA_NEG_INF ? 0.0f : new_max * factor;
         alpha[i] = va_exp2(r.max[i] * factor - shift[i]);
         r.max[i] = new_max;
-        r.sum[i] *= alpha[i];
     }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) chain[0][c] = chain[1][c] = 0.0f;
 #pragma unroll
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const float pe = va_exp2(fmaf(s[n][e], factor, -shift[e / 2]));
             s[n][e] = pe;
-            r.sum[e / 2] += pe;
+            chain[e / 2][n % 4] += pe;
         }
     }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) r.sum[i] = fmaf(r.sum[i], alpha[i], (chain[i][0] + chain[i][1]) + (chain[i][2] + chain[i][3]));
 #pragma unroll
     for (int n = 0; n < NO; ++n) {
         o[n][0] *= alpha[0];

@@ -24,6 +24,18 @@ template <int ROWS, int WIDTH> struct VaCoreTile {
     static constexpr int ELEMS = ROWS * WIDTH;
 };
 
+// Calls copy(i) for i in [threadIdx.x, COUNT) in steps of the block: a fixed number of steps,
+// unrolled into straight-line copies where the registers allow it (heads up to 128 wide; wider
+// ones keep their registers for the output).
+template <int COUNT, typename F> VA_DEVICE void va_for_each_copy(F copy) {
+    // (The unroll count must be positive: one more than the steps is the same as all of them.)
+#pragma unroll(VA_HEAD_DIM_V_PAD <= 128 ? COUNT / VA_THREADS + 1 : 1)
+    for (int k = 0; k < COUNT / VA_THREADS; ++k) copy(threadIdx.x + k * VA_THREADS);
+    if constexpr (COUNT % VA_THREADS != 0) {
+        if (threadIdx.x < COUNT % VA_THREADS) copy(threadIdx.x + COUNT / VA_THREADS * VA_THREADS);
+    }
+}
+
 // Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into a VaCoreTile; rows past
 // `valid_rows` and columns past `dims` are zero-filled. In the slabs, eight consecutive
 // threads copy one row's 128 contiguous bytes into one 128-byte atom row (full sectors from
@@ -37,19 +49,19 @@ VA_DEVICE void va_load_core_tile(va_u16* smem, const va_u16* base, va_i64 token_
         const va_u16* src = elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base;
         va_copy16(dst, src, elems * 2);
     };
-    for (int i = threadIdx.x; i < ROWS * T::SLABS * 8; i += VA_THREADS) {
+    va_for_each_copy<ROWS * T::SLABS * 8>([&](int i) {
         const int chunk = i % 8, row = (i / 8) % ROWS, slab = i / (8 * ROWS);
         copy(smem + slab * T::SLAB + row * 64 + (chunk ^ (row % 8)) * 8, row, slab * 64 + chunk * 8);
-    }
-    for (int i = threadIdx.x; i < ROWS * T::TAIL_CHUNKS; i += VA_THREADS) {
+    });
+    va_for_each_copy<ROWS * T::TAIL_CHUNKS>([&](int i) {
         const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
         copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
-    }
+    });
 }
 
-// The descriptor of k-step kk (16 columns) of `rows` (64 or more rows of a K-major VaCoreTile,
-// starting at a multiple of 8): in a slab, the 32-byte step within its atoms; in the tail, two
-// core matrices.
+// The descriptor of k-step kk (16 columns) of the rows from `first_row` (a multiple of 8) of a
+// K-major VaCoreTile: in a slab, the 32-byte step within its atoms; in the tail, two core
+// matrices.
 template <int ROWS, int WIDTH> VA_DEVICE va_u64 va_k_major_descriptor(const va_u16* tile, int first_row, int kk) {
     using T = VaCoreTile<ROWS, WIDTH>;
     if (kk < T::SLABS * 4) return va_wgmma_descriptor(tile + (kk / 4) * T::SLAB + first_row * 64 + (kk % 4) * 16, 16, 1024, 1);
@@ -117,15 +129,6 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
 
     for (int j = tile.j_begin; j < tile.j_end; ++j) {
         const int buf = (j - tile.j_begin) & 1;
-        // The next tile streams in while this one is computed; its buffer was last read by the
-        // previous iteration, which every thread has finished (the barrier at the loop's end).
-        if (j + 1 < tile.j_end) {
-            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD>(k_smem + (buf ^ 1) * K_TILE, tile.k, p.k_token_stride, (j + 1) * VA_BLOCK_N,
-                                                           tile.lk, p.head_dim);
-            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>(v_smem + (buf ^ 1) * V_TILE, tile.v, p.v_token_stride, (j + 1) * VA_BLOCK_N,
-                                                             tile.lk, p.head_dim_v);
-            va_copy_commit();
-        }
         const va_u16* ks = k_smem + buf * K_TILE;
         const va_u16* vs = v_smem + buf * V_TILE;
 
@@ -139,6 +142,16 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
                                        va_k_major_descriptor<VA_BLOCK_N, VA_HEAD_DIM_PAD>(ks, 0, kk), kk > 0);
         }
         va_wgmma_commit();
+        // The next tile streams in while this one is computed, its copies issued while the
+        // tensor cores work on the scores; its buffer was last read by the previous iteration,
+        // which every thread has finished (the barrier at the loop's end).
+        if (j + 1 < tile.j_end) {
+            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD>(k_smem + (buf ^ 1) * K_TILE, tile.k, p.k_token_stride, (j + 1) * VA_BLOCK_N,
+                                                           tile.lk, p.head_dim);
+            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>(v_smem + (buf ^ 1) * V_TILE, tile.v, p.v_token_stride, (j + 1) * VA_BLOCK_N,
+                                                             tile.lk, p.head_dim_v);
+            va_copy_commit();
+        }
         va_wgmma_wait<0>();
         va_fence_registers(s_flat);
 
