@@ -3,6 +3,7 @@
 
 use super::plan::{KernelParams, Plan, Target, Variant};
 use super::source;
+use super::workspace::Workspace;
 use crate::error::Error;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
@@ -30,8 +31,8 @@ pub(crate) struct CudaDevice {
     target: Target,
     multiprocessors: usize,
     kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
-    /// The key-split workspace, kept between calls (they are ordered on the one stream).
-    workspace: Mutex<Option<CudaSlice<u8>>>,
+    /// The key-split workspace, kept between calls.
+    workspace: Workspace<CudaSlice<u8>>,
 }
 
 fn gpu_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -83,7 +84,7 @@ impl CudaDevice {
             target: Target::nvidia(capability.0, capability.1),
             multiprocessors,
             kernels: Mutex::new(HashMap::new()),
-            workspace: Mutex::new(None),
+            workspace: Workspace::new(),
         })
     }
 
@@ -171,16 +172,9 @@ impl CudaDevice {
     pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
         let kernels = self.kernels(plan.variant)?;
         let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
-        let mut workspace =
-            self.workspace.lock().map_err(|_| Error::Gpu("the workspace lock was poisoned by a panic".into()))?;
-        let workspace_bytes = plan.workspace_bytes();
-        if workspace_bytes > 0 && workspace.as_ref().is_none_or(|w| w.len() < workspace_bytes) {
-            *workspace = Some(self.alloc(workspace_bytes)?);
-        }
-        let params = plan.params_at(
-            metadata.as_ref().map(|m| self.address(m)),
-            workspace.as_ref().filter(|_| workspace_bytes > 0).map(|w| self.address(w)),
-        );
+        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc(bytes))?;
+        let params =
+            plan.params_at(metadata.as_ref().map(|m| self.address(m)), workspace.buffer().map(|w| self.address(w)));
         if plan.tiles > 0 {
             let config = LaunchConfig {
                 grid_dim: plan.grid(),

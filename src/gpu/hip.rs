@@ -7,6 +7,7 @@
 
 use super::plan::{Plan, Variant};
 use super::source;
+use super::workspace::Workspace;
 use crate::error::Error;
 use core::ffi::{c_char, c_int, c_uint, c_void};
 use std::collections::HashMap;
@@ -254,6 +255,8 @@ pub(crate) struct HipDevice {
     name: String,
     multiprocessors: usize,
     kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
+    /// The key-split workspace, kept between calls.
+    workspace: Workspace<HipBuffer>,
 }
 
 // SAFETY: the stream handle is used through HIP's thread-safe API only.
@@ -298,6 +301,7 @@ impl HipDevice {
             name,
             multiprocessors: multiprocessors.max(1) as usize,
             kernels: Mutex::new(HashMap::new()),
+            workspace: Workspace::new(),
         })
     }
 
@@ -309,16 +313,22 @@ impl HipDevice {
         self.multiprocessors
     }
 
-    pub fn upload(&self, bytes: &[u8]) -> Result<HipBuffer, Error> {
+    /// Device memory of `bytes` bytes (contents unspecified).
+    pub fn alloc(&self, bytes: usize) -> Result<HipBuffer, Error> {
         let mut pointer = core::ptr::null_mut();
-        // SAFETY: hipMalloc writes the new allocation's address; the copy reads `bytes.len()`
-        // bytes from a live slice into an allocation at least that large.
+        // SAFETY: hipMalloc writes the new allocation's address into a valid out-pointer.
+        unsafe { check("hipMalloc", (self.api.malloc)(&mut pointer, bytes.max(1)))? };
+        Ok(HipBuffer { pointer, api: self.api.clone() })
+    }
+
+    pub fn upload(&self, bytes: &[u8]) -> Result<HipBuffer, Error> {
+        let buffer = self.alloc(bytes.len())?;
+        // SAFETY: the copy reads `bytes.len()` bytes from a live slice into an allocation at
+        // least that large.
         unsafe {
-            check("hipMalloc", (self.api.malloc)(&mut pointer, bytes.len().max(1)))?;
-            let buffer = HipBuffer { pointer, api: self.api.clone() };
-            check("hipMemcpyHtoD", (self.api.memcpy_htod)(pointer, bytes.as_ptr().cast(), bytes.len()))?;
-            Ok(buffer)
+            check("hipMemcpyHtoD", (self.api.memcpy_htod)(buffer.pointer, bytes.as_ptr().cast(), bytes.len()))?;
         }
+        Ok(buffer)
     }
 
     pub fn download(&self, buffer: &HipBuffer, bytes: &mut [u8]) -> Result<(), Error> {
@@ -425,10 +435,9 @@ impl HipDevice {
     pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
         let kernels = self.kernels(plan.variant)?;
         let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
-        let workspace_bytes = plan.workspace_bytes();
-        let workspace = if workspace_bytes > 0 { Some(self.upload(&vec![0u8; workspace_bytes])?) } else { None };
+        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc(bytes))?;
         let mut params =
-            plan.params_at(metadata.as_ref().map(HipBuffer::address), workspace.as_ref().map(HipBuffer::address));
+            plan.params_at(metadata.as_ref().map(HipBuffer::address), workspace.buffer().map(HipBuffer::address));
         let mut argument: *mut c_void = (&mut params as *mut super::plan::KernelParams).cast();
         if plan.tiles > 0 {
             let (gx, gy, gz) = plan.grid();
@@ -472,9 +481,7 @@ impl HipDevice {
                 }
             }
         }
-        // The temporaries must outlive the kernels: hipFree would wait anyway, but be explicit.
-        self.synchronize()?;
-        drop(workspace);
+        // The copied metadata must outlive the kernels: hipFree waits for the device first.
         drop(metadata);
         Ok(())
     }

@@ -22,6 +22,8 @@ mod hip;
 mod plan;
 #[cfg(feature = "gpu")]
 mod source;
+#[cfg(feature = "gpu")]
+mod workspace;
 
 pub use device::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
 #[cfg(feature = "gpu")]
