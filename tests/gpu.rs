@@ -1,4 +1,4 @@
-//! The property suite of `agreement.rs` against the GPU (`Backend::Gpu`), plus the seed's
+//! The property suite of `agreement.rs` against the GPU (`Backend::Gpu`), plus sequence isolation, the seed's
 //! shapes and the device-resident API. Needs the `gpu` feature and a GPU; without one every test
 //! prints why it is skipped (it does not pass silently: the message names the missing piece).
 //!
@@ -9,6 +9,7 @@
 mod common;
 
 use common::cases::{case, check};
+use common::check_non_finite_inputs_stay_in_their_sequence;
 use half::{bf16, f16};
 use proptest::prelude::*;
 use varlen_attn::gpu::{forward_device, Device, DeviceTensor, DeviceTensorMut};
@@ -63,6 +64,15 @@ fn seed_shapes_on_the_gpu_match_the_oracle() {
         eprintln!("shape {index}: {report}");
         assert!(report.worst.is_none(), "shape {index}: {report}");
         assert!(reference.compare_lse(lse.view()).worst.is_none());
+    }
+}
+
+/// NaN or infinity in one sequence reaches no other: the kernel's key tiles past a sequence's
+/// end are zero-filled, not read from the next sequence.
+#[test]
+fn non_finite_inputs_stay_in_their_sequence_on_the_gpu() {
+    if device().is_some() {
+        check_non_finite_inputs_stay_in_their_sequence(&Params { backend: Backend::Gpu, ..Params::default() });
     }
 }
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{cpu_paths, cu_seqlens, random_tensor, Rng};
+use common::{check_non_finite_inputs_stay_in_their_sequence, cpu_paths, cu_seqlens, random_tensor, Rng};
 use half::bf16;
 use ndarray::{s, Array3};
 use varlen_attn::{forward_with_lse, oracle, Params};
@@ -145,6 +145,15 @@ fn non_finite_inputs_reach_only_the_rows_that_see_them() {
             assert_eq!(non_finite, d, "{isa:?} {bad}");
             assert!(out.slice(s![10, 1, ..]).iter().all(|x| x.to_f32().is_nan()), "{isa:?} {bad}");
         }
+    }
+}
+
+/// NaN or infinity in one sequence reaches no other sequence of the batch, on every CPU path.
+#[test]
+fn non_finite_inputs_stay_in_their_sequence() {
+    for isa in cpu_paths::<bf16>() {
+        check_non_finite_inputs_stay_in_their_sequence(&params_for(isa, &Params::default()));
+        check_non_finite_inputs_stay_in_their_sequence(&params_for(isa, &Params { causal: true, ..Params::default() }));
     }
 }
 

@@ -128,3 +128,48 @@ fn isa_available<T: Element>(isa: CpuIsa) -> bool {
     let params = Params { cpu_isa: isa, backend: varlen_attn::Backend::Cpu, ..Params::default() };
     varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 1], &[0, 1], &params).is_ok()
 }
+
+/// Checks under `params` that NaN or infinity anywhere in the middle sequence of a batch of
+/// three (its q, k and v rows, every head) reaches neither neighbour: their output rows and LSEs
+/// come out bit for bit as without it. A kernel that reads a whole tile of keys past a
+/// sequence's end must keep those rows out, not multiply them by zero (0 · inf is NaN).
+pub fn check_non_finite_inputs_stay_in_their_sequence(params: &Params) {
+    let mut rng = Rng::new(11);
+    let lengths = [37, 45, 150];
+    let (heads, d) = (2, 24);
+    let total = lengths.iter().sum();
+    let cu = cu_seqlens(&lengths);
+    let q = random_tensor::<half::bf16>(&mut rng, (total, heads, d), 1.0);
+    let k = random_tensor::<half::bf16>(&mut rng, (total, heads, d), 1.0);
+    let v = random_tensor::<half::bf16>(&mut rng, (total, heads, d), 1.0);
+    let run = |q: &Array3<half::bf16>, k: &Array3<half::bf16>, v: &Array3<half::bf16>| {
+        varlen_attn::forward_with_lse(q.view(), k.view(), v.view(), &cu, &cu, params).unwrap()
+    };
+    let (clean, clean_lse) = run(&q, &k, &v);
+    let middle = cu[1] as usize..cu[2] as usize;
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let poison = |x: &Array3<half::bf16>| {
+            let mut x = x.clone();
+            x.slice_mut(s![middle.clone(), .., ..]).fill(half::bf16::from_f32(bad));
+            x
+        };
+        let (out, lse) = run(&poison(&q), &poison(&k), &poison(&v));
+        for rows in [0..middle.start, middle.end..total] {
+            let same = |a: f32, b: f32| a.to_bits() == b.to_bits();
+            assert!(
+                out.slice(s![rows.clone(), .., ..])
+                    .iter()
+                    .zip(clean.slice(s![rows.clone(), .., ..]))
+                    .all(|(a, b)| same(a.to_f32(), b.to_f32())),
+                "{bad} in sequence 1 changed the output rows {rows:?}"
+            );
+            assert!(
+                lse.slice(s![.., rows.clone()])
+                    .iter()
+                    .zip(clean_lse.slice(s![.., rows.clone()]))
+                    .all(|(a, b)| same(*a, *b)),
+                "{bad} in sequence 1 changed the LSE of rows {rows:?}"
+            );
+        }
+    }
+}
