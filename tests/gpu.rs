@@ -1,6 +1,7 @@
-//! The property suite of `agreement.rs` against the GPU (`Backend::Gpu`), plus sequence isolation, the seed's
-//! shapes and the device-resident API. Needs the `gpu` feature and a GPU; without one every test
-//! prints why it is skipped (it does not pass silently: the message names the missing piece).
+//! The property suite of `agreement.rs` against the GPU (`Backend::Gpu`), plus sequence
+//! isolation, the seed's shapes and the device-resident API. Needs the `gpu` feature and a GPU;
+//! without one every test prints why it is skipped (it does not pass silently: the message names
+//! the missing piece).
 //!
 //! On the H200: `../shared/tools/gpu-bundle test --test gpu`, then `bash .gpu-bin/run-all.sh`.
 
