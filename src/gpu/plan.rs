@@ -66,10 +66,11 @@ impl Variant {
                 // Any multiple of 8 would do; a few widths keep the compiled variants few.
                 const V_WIDTHS: [usize; 8] = [32, 64, 72, 80, 96, 128, 192, 256];
                 let head_dim_v_pad = V_WIDTHS.into_iter().find(|&w| w >= dv).unwrap_or(dv.next_multiple_of(8));
-                // Two warpgroups of 64 rows. Up to 128 columns the scores of 128 keys and the
-                // output fit in the registers of one block per multiprocessor (244-248 per
-                // thread, measured with `ptxas -v`); wider heads take 64 keys, so that the
-                // double-buffered tiles stay within shared memory.
+                // Two computing warpgroups of 64 rows (and one copying). Up to 128 columns the
+                // scores of 128 keys, the probabilities of the previous tile and the output fit
+                // in the 224 registers a computing thread gets (no spills in `ptxas -v`); wider
+                // heads take 64 keys, so that the double-buffered tiles stay within shared
+                // memory.
                 let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 128 } else { 64 };
                 Variant {
                     head_dim_pad,
@@ -115,9 +116,14 @@ impl Variant {
         self.warps * self.rows_per_warp
     }
 
-    /// Threads per block.
+    /// Threads per block: the computing warps, and on Hopper one more warpgroup that copies
+    /// K and V (`VA_PRODUCER_THREADS`).
     pub fn threads(&self) -> usize {
-        self.warps * if self.target == Target::Mfma { 64 } else { 32 }
+        match self.target {
+            Target::Wgmma => self.warps * 32 + 128,
+            Target::Mma => self.warps * 32,
+            Target::Mfma => self.warps * 64,
+        }
     }
 
     pub fn for_problem(problem: &Problem, f16: bool, target: Target) -> Self {
@@ -146,12 +152,13 @@ impl Variant {
 
     /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, two
     /// K and two V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows are
-    /// padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their alignment.
+    /// padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their alignment,
+    /// and its eight 8-byte barriers follow the tiles.
     pub fn shared_bytes(&self) -> usize {
-        let (pad, align) = if self.target == Target::Wgmma { (0, 1024) } else { (8, 0) };
+        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 64) } else { (8, 0) };
         let (q_stride, v_stride) = (self.head_dim_pad + pad, self.head_dim_v_pad + pad);
         let staging = if self.target == Target::Mfma { self.block_m() * self.block_n } else { 0 };
-        2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride + staging) + align
+        2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride + staging) + extra
     }
 }
 
@@ -411,10 +418,10 @@ mod tests {
     #[test]
     fn hopper_variants_keep_head_dim_v_72_and_fit_shared_memory() {
         let v = Variant::new(72, 72, false, Target::Wgmma);
-        assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 256));
+        assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 384));
         // Q, two K tiles, two V tiles of bf16, no row padding: (128·80 + 2·128·80 + 2·128·72) · 2,
         // and 1 KiB to align the swizzled atoms.
-        assert_eq!(v.shared_bytes(), 98304 + 1024);
+        assert_eq!(v.shared_bytes(), 98304 + 1024 + 64);
         assert!(v.defines().contains(&"-DVA_WGMMA=1".to_string()));
         for (d, dv) in [(256, 256), (200, 40), (1, 1), (128, 128)] {
             let v = Variant::new(d, dv, true, Target::Wgmma);

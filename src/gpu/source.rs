@@ -4,13 +4,14 @@
 use super::plan::{Target, Variant};
 
 /// The kernel's files: the entry point and the headers it includes.
-const FILES: [(&str, &str); 7] = [
+const FILES: [(&str, &str); 8] = [
     ("attention.hip", include_str!("kernel/attention.hip")),
     ("portability.h", include_str!("kernel/portability.h")),
     ("fragments.h", include_str!("kernel/fragments.h")),
     ("tile_mma.h", include_str!("kernel/tile_mma.h")),
     ("tile_wgmma.h", include_str!("kernel/tile_wgmma.h")),
     ("wgmma.h", include_str!("kernel/wgmma.h")),
+    ("barriers.h", include_str!("kernel/barriers.h")),
     ("tile_mfma.h", include_str!("kernel/tile_mfma.h")),
 ];
 

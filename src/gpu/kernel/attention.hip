@@ -12,6 +12,7 @@
 // This file holds what every target shares (parameters, scheduling, loads, the merge); the
 // tensor-core code of one tile (the score product, the softmax, the P·V update) is one of
 //   tile_wgmma.h  NVIDIA Hopper (sm_90a): warpgroup MMAs reading K and V from shared memory,
+//                 a copying warpgroup and two computing ones (FlashAttention-3's structure),
 //   tile_mma.h    NVIDIA sm_80 and newer: m16n8k16 `mma.sync`,
 //   tile_mfma.h   AMD CDNA: 16x16x16 MFMA on wave64.
 //
@@ -48,7 +49,17 @@
 #ifndef VA_MIN_BLOCKS
 #define VA_MIN_BLOCKS 1
 #endif
+// VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
+// registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM.
 #define VA_THREADS (VA_WARPS * VA_WARP)
+#if VA_WGMMA
+#define VA_PRODUCER_THREADS 128
+#define VA_PRODUCER_REGISTERS 56
+#define VA_CONSUMER_REGISTERS 224
+#define VA_BLOCK_THREADS (VA_THREADS + VA_PRODUCER_THREADS)
+#else
+#define VA_BLOCK_THREADS VA_THREADS
+#endif
 #define VA_BLOCK_M (VA_WARPS * VA_ROWS_PER_WARP)
 // Shared-memory rows of the mma.sync and MFMA tiles are padded by 8 elements (16 bytes) so that
 // the 8 rows of an ldmatrix land on distinct banks.
@@ -154,7 +165,7 @@ VA_DEVICE bool va_tile_needs_mask(const VaParams& p, const VaTile& tile, int j, 
 #include "tile_mma.h"
 #endif
 
-extern "C" __global__ void __launch_bounds_va(VA_THREADS, VA_MIN_BLOCKS) va_attention_forward(VA_GRID_CONSTANT const VaParams p) {
+extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS) va_attention_forward(VA_GRID_CONSTANT const VaParams p) {
     extern __shared__ __align__(128) va_u16 smem[];
 
     // Which sequence and query tile: the last sequence whose first tile is <= this one (empty

@@ -18,11 +18,12 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
 
 // One key tile of the online softmax: soft-cap (in base-2 units), masked keys to -inf where
 // `masked`, the new row maxima, and then `s` becomes the probabilities exp2(s · factor - max ·
-// factor) (one FMA and one ex2 each) while the row sums and `o` are rescaled by the change of
-// the maxima. Scores stay in `factor` units: factor is scale · log2(e), or 1 with a soft-cap.
-template <int NS, int NO>
-VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], float (&o)[NO][4], VaRows& r,
-                                   int key0, bool masked, float factor) {
+// factor) (one FMA and one ex2 each) while the row sums are rescaled by the change of the maxima,
+// which `alpha` returns for the output (`va_rescale_fragment`). Scores stay in `factor` units:
+// factor is scale · log2(e), or 1 with a soft-cap.
+template <int NS>
+VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], VaRows& r, int key0, bool masked,
+                                   float factor, float (&alpha)[2]) {
     if (p.softcap > 0.0f) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
@@ -47,7 +48,7 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
         chain[0][n % 4] = fmaxf(chain[0][n % 4], fmaxf(s[n][0], s[n][1]));
         chain[1][n % 4] = fmaxf(chain[1][n % 4], fmaxf(s[n][2], s[n][3]));
     }
-    float tile_max[2], alpha[2], shift[2];
+    float tile_max[2], shift[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         tile_max[i] = fmaxf(fmaxf(chain[i][0], chain[i][1]), fmaxf(chain[i][2], chain[i][3]));
@@ -72,6 +73,10 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) r.sum[i] = fmaf(r.sum[i], alpha[i], (chain[i][0] + chain[i][1]) + (chain[i][2] + chain[i][3]));
+}
+
+// The output rows scaled by the change of their maxima.
+template <int NO> VA_DEVICE void va_rescale_fragment(float (&o)[NO][4], const float (&alpha)[2]) {
 #pragma unroll
     for (int n = 0; n < NO; ++n) {
         o[n][0] *= alpha[0];

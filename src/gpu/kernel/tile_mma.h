@@ -103,7 +103,11 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
 
         const bool masked = va_tile_needs_mask(p, tile, j, warp_first, warp_last);
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) va_softmax_fragment(p, tile, s[mt], o[mt], rows[mt], j * VA_BLOCK_N + 2 * t, masked, factor);
+        for (int mt = 0; mt < MT; ++mt) {
+            float alpha[2];
+            va_softmax_fragment(p, tile, s[mt], rows[mt], j * VA_BLOCK_N + 2 * t, masked, factor, alpha);
+            va_rescale_fragment(o[mt], alpha);
+        }
 
         // O += P V.
 #pragma unroll

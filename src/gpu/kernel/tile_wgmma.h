@@ -1,13 +1,19 @@
-// NVIDIA Hopper (sm_90a): one tile with warpgroup MMAs. The block is two warpgroups of four
-// warps, each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync, so the
-// softmax and the write are shared with tile_mma.h). Q, K and V sit in shared memory in layouts
-// the tensor cores read directly (64-column slabs with 128-byte swizzle, the rest of a head in
-// core matrices): S = Q K^T takes both operands from there, O += P V takes P from registers (the
-// score accumulators, rounded) and V from there, transposed by the instruction. No ldmatrix, and
-// one K or V read serves 64 rows.
+// NVIDIA Hopper (sm_90a): one tile with warpgroup MMAs, warp-specialized as in
+// FlashAttention-3. The block is three warpgroups: one copies K and V tiles into two stages of
+// shared memory (cp.async, signalling mbarriers; it gives most of its registers to the others),
+// two compute, each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync,
+// so the softmax and the write are shared with tile_mma.h). The computing warpgroups take turns
+// at the tensor cores (one's softmax runs while the other's products do), and within each the
+// score product of key tile i runs alongside the value product of tile i - 1.
+//
+// Q, K and V sit in shared memory in layouts the tensor cores read directly (64-column slabs with
+// 128-byte swizzle, the rest of a head in core matrices): S = Q K^T takes both operands from
+// there, O += P V takes P from registers (the score accumulators, rounded) and V from there,
+// transposed by the instruction. No ldmatrix, and one K or V read serves 64 rows.
 
 #pragma once
 
+#include "barriers.h"
 #include "wgmma.h"
 
 // A [ROWS, WIDTH] tile in shared memory as the tensor cores read it: the first 64 · SLABS
@@ -24,24 +30,23 @@ template <int ROWS, int WIDTH> struct VaCoreTile {
     static constexpr int ELEMS = ROWS * WIDTH;
 };
 
-// Calls copy(i) for i in [threadIdx.x, COUNT) in steps of the block: a fixed number of steps,
-// unrolled into straight-line copies where the registers allow it (heads up to 128 wide; wider
-// ones keep their registers for the output).
-template <int COUNT, typename F> VA_DEVICE void va_for_each_copy(F copy) {
-    // (The unroll count must be positive: one more than the steps is the same as all of them.)
-#pragma unroll(VA_HEAD_DIM_V_PAD <= 128 ? COUNT / VA_THREADS + 1 : 1)
-    for (int k = 0; k < COUNT / VA_THREADS; ++k) copy(threadIdx.x + k * VA_THREADS);
-    if constexpr (COUNT % VA_THREADS != 0) {
-        if (threadIdx.x < COUNT % VA_THREADS) copy(threadIdx.x + COUNT / VA_THREADS * VA_THREADS);
+// Calls copy(i) for i in [thread, COUNT) in steps of THREADS, UNROLL steps at a time.
+template <int COUNT, int THREADS, int UNROLL, typename F> VA_DEVICE void va_for_each_copy(int thread, F copy) {
+#pragma unroll(UNROLL)
+    for (int k = 0; k < COUNT / THREADS; ++k) copy(thread + k * THREADS);
+    if constexpr (COUNT % THREADS != 0) {
+        if (thread < COUNT % THREADS) copy(thread + COUNT / THREADS * THREADS);
     }
 }
 
-// Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into a VaCoreTile; rows past
-// `valid_rows` and columns past `dims` are zero-filled. In the slabs, eight consecutive
-// threads copy one row's 128 contiguous bytes into one 128-byte atom row (full sectors from
-// L2, distinct banks); in the tail, eight consecutive threads fill one core matrix.
-template <int ROWS, int WIDTH>
-VA_DEVICE void va_load_core_tile(va_u16* smem, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
+// Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into a VaCoreTile, copied by
+// THREADS threads (`thread` is this one's index among them); rows past `valid_rows` and
+// columns past `dims` are zero-filled. In the slabs, eight consecutive threads copy one row's
+// 128 contiguous bytes into one 128-byte atom row (full sectors from L2, distinct banks); in the
+// tail, eight consecutive threads fill one core matrix.
+template <int ROWS, int WIDTH, int THREADS, int UNROLL>
+VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows,
+                                 int dims) {
     using T = VaCoreTile<ROWS, WIDTH>;
     const auto copy = [&](va_u16* dst, int row, int col) {
         int elems = dims - col;
@@ -49,11 +54,33 @@ VA_DEVICE void va_load_core_tile(va_u16* smem, const va_u16* base, va_i64 token_
         const va_u16* src = elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base;
         va_copy16(dst, src, elems * 2);
     };
-    va_for_each_copy<ROWS * T::SLABS * 8>([&](int i) {
-        const int chunk = i % 8, row = (i / 8) % ROWS, slab = i / (8 * ROWS);
-        copy(smem + slab * T::SLAB + row * 64 + (chunk ^ (row % 8)) * 8, row, slab * 64 + chunk * 8);
-    });
-    va_for_each_copy<ROWS * T::TAIL_CHUNKS>([&](int i) {
+    constexpr int STEP = THREADS / 8; // rows between one thread's slab copies
+    if constexpr (THREADS % 64 == 0 && ROWS % STEP == 0) {
+        // Each thread keeps one 16-byte column of every slab and every STEP-th row: its row's
+        // swizzle (row % 8) stays the same, so its copies are a fixed stride apart in both
+        // memories, unrolled with immediate offsets.
+        const int chunk = thread % 8, first = thread / 8;
+        const int rows_left = valid_rows - row0 - first;
+        const va_u16* src = base + (va_i64)(row0 + first) * token_stride + chunk * 8;
+        va_u16* dst = smem + first * 64 + (chunk ^ (first % 8)) * 8;
+        // (Wider heads keep the slab loop rolled: the copying warps have few registers.)
+#pragma unroll(T::SLABS <= 2 ? T::SLABS : 1)
+        for (int slab = 0; slab < T::SLABS; ++slab) {
+            int elems = dims - slab * 64 - chunk * 8;
+            elems = elems < 0 ? 0 : (elems > 8 ? 8 : elems);
+#pragma unroll
+            for (int k = 0; k < ROWS / STEP; ++k) {
+                const bool real = k * STEP < rows_left && elems > 0;
+                va_copy16(dst + slab * T::SLAB + k * STEP * 64, real ? src + slab * 64 + k * STEP * token_stride : base, real ? elems * 2 : 0);
+            }
+        }
+    } else {
+        va_for_each_copy<ROWS * T::SLABS * 8, THREADS, UNROLL>(thread, [&](int i) {
+            const int chunk = i % 8, row = (i / 8) % ROWS, slab = i / (8 * ROWS);
+            copy(smem + slab * T::SLAB + row * 64 + (chunk ^ (row % 8)) * 8, row, slab * 64 + chunk * 8);
+        });
+    }
+    va_for_each_copy<ROWS * T::TAIL_CHUNKS, THREADS, UNROLL>(thread, [&](int i) {
         const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
         copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
     });
@@ -91,91 +118,196 @@ VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&
     }
 }
 
-VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va_u16* smem) {
-    constexpr int KQ = VA_HEAD_DIM_PAD / 16;  // k-steps of the score product
+// The block's shared memory: Q, two stages each of K and V, and their barriers ("full": the
+// copies of a stage have landed; "empty": every computing warp is done reading it).
+struct VaWgmmaSmem {
+    static constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
+    static constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
+    va_u16* q;
+    va_u16* k; // [2][K_TILE]
+    va_u16* v; // [2][V_TILE]
+    va_u64* k_full;
+    va_u64* v_full;
+    va_u64* k_empty;
+    va_u64* v_empty;
+};
+
+// Key tile i of the block (counted from its first) sits in stage i % 2, whose barriers are then
+// in their phase i / 2.
+VA_DEVICE int va_stage(int i) { return i & 1; }
+VA_DEVICE int va_phase(int i) { return (i >> 1) & 1; }
+
+// The copying warpgroup: streams the block's K and V tiles into the two stages, each into a
+// stage as soon as every computing warp has finished reading it. cp.async with zero-fill, so
+// that keys past the sequence's end read as zeros and nothing of the next sequence enters.
+VA_DEVICE void va_produce_tiles(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm) {
+    va_registers_release<VA_PRODUCER_REGISTERS>();
+    const int thread = threadIdx.x - VA_THREADS;
+    for (int j = tile.j_begin; j < tile.j_end; ++j) {
+        const int i = j - tile.j_begin, stage = va_stage(i), parity = va_phase(i) ^ 1;
+        va_mbarrier_wait(&sm.k_empty[stage], parity);
+        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS, 2>(sm.k + stage * VaWgmmaSmem::K_TILE, thread, tile.k,
+                                                                               p.k_token_stride, j * VA_BLOCK_N, tile.lk, p.head_dim);
+        va_copy_arrive(&sm.k_full[stage]);
+        va_mbarrier_wait(&sm.v_empty[stage], parity);
+        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD, VA_PRODUCER_THREADS, 2>(sm.v + stage * VaWgmmaSmem::V_TILE, thread, tile.v,
+                                                                                 p.v_token_stride, j * VA_BLOCK_N, tile.lk, p.head_dim_v);
+        va_copy_arrive(&sm.v_full[stage]);
+    }
+    va_copy_wait_all();
+}
+
+// Waits for a stage's copies; they were written through the generic proxy and are read next by
+// the tensor cores (the asynchronous proxy).
+VA_DEVICE void va_wait_stage(va_u64* full, int i) {
+    va_mbarrier_wait(&full[va_stage(i)], va_phase(i));
+    va_fence_proxy_async();
+}
+
+// One arrival per computing warp: this warp's products have read the stage.
+VA_DEVICE void va_release_stage(va_u64* empty, int i) {
+    if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(&empty[va_stage(i)]);
+}
+
+// The two computing warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong):
+// a warpgroup issues its products only when the other has issued its own, so that one's
+// softmax runs while the other's products do. Barrier VA_TURN + g is warpgroup g's turn.
+#define VA_TURN 1
+VA_DEVICE void va_take_turn(int group) { va_named_sync(VA_TURN + group, VA_THREADS); }
+VA_DEVICE void va_pass_turn(int group) { va_named_arrive(VA_TURN + (group ^ 1), VA_THREADS); }
+
+// S = Q K^T for this warpgroup's 64 rows, issued (not waited for): both operands K-major in
+// shared memory.
+template <int NS>
+VA_DEVICE void va_issue_scores(float (&s)[NS][4], const va_u16* q_smem, int q_first, const va_u16* ks) {
+    float(&s_flat)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(s);
+    va_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < VA_HEAD_DIM_PAD / 16; ++kk) {
+        VaWgmma<VA_BLOCK_N>::ss<0>(s_flat, va_k_major_descriptor<VA_BLOCK_M, VA_HEAD_DIM_PAD>(q_smem, q_first, kk),
+                                   va_k_major_descriptor<VA_BLOCK_N, VA_HEAD_DIM_PAD>(ks, 0, kk), kk > 0);
+    }
+    va_wgmma_commit();
+}
+
+// O += P V, issued: P from registers, V MN-major in shared memory.
+template <int NO>
+VA_DEVICE void va_issue_values(float (&o)[NO][4], const va_u32 (&pf)[VA_BLOCK_N / 16][4], const va_u16* vs) {
+    va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
+    va_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_wgmma_pv<0, VA_HEAD_DIM_V_PAD>(o, pf[kk], vs, kk);
+    va_wgmma_commit();
+}
+
+// A computing warpgroup: its 64 query rows against every key tile of the block. The score
+// product of tile i runs alongside the value product of tile i - 1 (FlashAttention-3's
+// intra-warpgroup overlap): the softmax of tile i waits only for the scores, then the values.
+VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm) {
+    va_registers_claim<VA_CONSUMER_REGISTERS>();
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
-    constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
-    constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
-    // Swizzled atoms must start on 1024 bytes: the host allots 1 KiB more for the alignment.
-    smem += ((1024 - (va_smem_addr(smem) & 1023)) & 1023) / 2;
-    va_u16* q_smem = smem;                                  // [BLOCK_M * HEAD_DIM_PAD]
-    va_u16* k_smem = q_smem + VA_BLOCK_M * VA_HEAD_DIM_PAD; // [2][K_TILE]
-    va_u16* v_smem = k_smem + 2 * K_TILE;                   // [2][V_TILE]
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
-    const int g = lane / 4, t = lane % 4;
-
-    va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD>(q_smem, tile.q, p.q_token_stride, tile.m0, tile.lq, p.head_dim);
-    if (tile.j_begin < tile.j_end) {
-        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD>(k_smem, tile.k, p.k_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk, p.head_dim);
-        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>(v_smem, tile.v, p.v_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk,
-                                                          p.head_dim_v);
-    }
-    va_copy_commit();
-    va_copy_wait<0>();
-    va_fence_proxy_async();
-    va_syncthreads();
-
-    // This warpgroup's 64 rows of Q.
-    const int q_first = (warp / 4) * 64;
+    const int g = lane / 4, t = lane % 4, group = warp / 4;
+    const int q_first = group * 64;
     const int warp_first = tile.m0 + warp * 16;
     const int warp_last = min(warp_first + 15, tile.lq - 1);
     float o[NO][4];
 #pragma unroll
     for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
     VaRows rows = va_rows(warp_first, g);
     const float factor = p.softcap > 0.0f ? 1.0f : p.scale_log2;
+    const int tiles = tile.j_end - tile.j_begin;
 
-    for (int j = tile.j_begin; j < tile.j_end; ++j) {
-        const int buf = (j - tile.j_begin) & 1;
-        const va_u16* ks = k_smem + buf * K_TILE;
-        const va_u16* vs = v_smem + buf * V_TILE;
-
-        // S = Q K^T: both operands K-major in shared memory.
+    if (tiles > 0) {
         float s[NS][4];
         float(&s_flat)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(s);
-        va_wgmma_fence();
+        va_u32 pf[VA_BLOCK_N / 16][4];
+        float alpha[2];
+        // The softmax of key tile i (already in `s`): probabilities into `pf`, the rescaling of
+        // O into `alpha`.
+        const auto softmax = [&](int i) {
+            const int j = tile.j_begin + i;
+            const bool masked = va_tile_needs_mask(p, tile, j, warp_first, warp_last);
+            va_softmax_fragment(p, tile, s, rows, j * VA_BLOCK_N + 2 * t, masked, factor, alpha);
+        };
+        const auto probabilities = [&] {
 #pragma unroll
-        for (int kk = 0; kk < KQ; ++kk) {
-            VaWgmma<VA_BLOCK_N>::ss<0>(s_flat, va_k_major_descriptor<VA_BLOCK_M, VA_HEAD_DIM_PAD>(q_smem, q_first, kk),
-                                       va_k_major_descriptor<VA_BLOCK_N, VA_HEAD_DIM_PAD>(ks, 0, kk), kk > 0);
-        }
-        va_wgmma_commit();
-        // The next tile streams in while this one is computed, its copies issued while the
-        // tensor cores work on the scores; its buffer was last read by the previous iteration,
-        // which every thread has finished (the barrier at the loop's end).
-        if (j + 1 < tile.j_end) {
-            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD>(k_smem + (buf ^ 1) * K_TILE, tile.k, p.k_token_stride, (j + 1) * VA_BLOCK_N,
-                                                           tile.lk, p.head_dim);
-            va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>(v_smem + (buf ^ 1) * V_TILE, tile.v, p.v_token_stride, (j + 1) * VA_BLOCK_N,
-                                                             tile.lk, p.head_dim_v);
-            va_copy_commit();
-        }
+            for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_probability_fragment(pf[kk], s, kk);
+        };
+
+        if (group == 1) va_pass_turn(group); // warpgroup 0 goes first
+        va_wait_stage(sm.k_full, 0);
+        va_take_turn(group);
+        va_issue_scores(s, sm.q, q_first, sm.k + va_stage(0) * VaWgmmaSmem::K_TILE);
+        va_pass_turn(group);
         va_wgmma_wait<0>();
         va_fence_registers(s_flat);
+        va_release_stage(sm.k_empty, 0);
+        softmax(0);
+        probabilities();
 
-        const bool masked = va_tile_needs_mask(p, tile, j, warp_first, warp_last);
-        va_softmax_fragment(p, tile, s, o, rows, j * VA_BLOCK_N + 2 * t, masked, factor);
-
-        // O += P V: P from registers, V MN-major in shared memory.
-        va_u32 pf[VA_BLOCK_N / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_probability_fragment(pf[kk], s, kk);
-        va_fence_registers(o_flat);
-        va_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_wgmma_pv<0, VA_HEAD_DIM_V_PAD>(o, pf[kk], vs, kk);
-        va_wgmma_commit();
-        va_wgmma_wait<0>();
-        va_fence_registers(o_flat);
-
-        if (j + 1 < tile.j_end) {
-            va_copy_wait<0>();
-            va_fence_proxy_async();
+        for (int i = 1; i < tiles; ++i) {
+            va_wait_stage(sm.k_full, i);
+            va_take_turn(group);
+            va_issue_scores(s, sm.q, q_first, sm.k + va_stage(i) * VaWgmmaSmem::K_TILE);
+            va_rescale_fragment(o, alpha);
+            va_wait_stage(sm.v_full, i - 1);
+            va_issue_values(o, pf, sm.v + va_stage(i - 1) * VaWgmmaSmem::V_TILE);
+            va_pass_turn(group);
+            va_wgmma_wait<1>(); // the scores
+            va_fence_registers(s_flat);
+            va_release_stage(sm.k_empty, i);
+            softmax(i);
+            va_wgmma_wait<0>(); // the values
+            va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
+            va_release_stage(sm.v_empty, i - 1);
+            probabilities();
         }
-        va_syncthreads();
+
+        va_rescale_fragment(o, alpha);
+        va_wait_stage(sm.v_full, tiles - 1);
+        va_take_turn(group);
+        va_issue_values(o, pf, sm.v + va_stage(tiles - 1) * VaWgmmaSmem::V_TILE);
+        // Every turn taken is passed: warpgroup 1's last one is nobody's.
+        if (group == 0) va_pass_turn(group);
+        va_wgmma_wait<0>();
+        va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
     }
 
     va_store_fragment(p, tile, o, rows, factor, t);
+}
+
+VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va_u16* smem) {
+    // Swizzled atoms must start on 1024 bytes: the host allots 1 KiB more for the alignment.
+    smem += ((1024 - (va_smem_addr(smem) & 1023)) & 1023) / 2;
+    VaWgmmaSmem sm;
+    sm.q = smem;
+    sm.k = sm.q + VA_BLOCK_M * VA_HEAD_DIM_PAD;
+    sm.v = sm.k + 2 * VaWgmmaSmem::K_TILE;
+    sm.k_full = reinterpret_cast<va_u64*>(sm.v + 2 * VaWgmmaSmem::V_TILE);
+    sm.v_full = sm.k_full + 2;
+    sm.k_empty = sm.k_full + 4;
+    sm.v_empty = sm.k_full + 6;
+    if (threadIdx.x == 0) {
+        for (int stage = 0; stage < 2; ++stage) {
+            va_mbarrier_init(&sm.k_full[stage], VA_PRODUCER_THREADS);
+            va_mbarrier_init(&sm.v_full[stage], VA_PRODUCER_THREADS);
+            va_mbarrier_init(&sm.k_empty[stage], VA_WARPS);
+            va_mbarrier_init(&sm.v_empty[stage], VA_WARPS);
+        }
+    }
+    // Q, by every thread of the block; the barrier also publishes the mbarriers.
+    va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_BLOCK_THREADS, 1>(sm.q, threadIdx.x, tile.q, p.q_token_stride, tile.m0, tile.lq,
+                                                                       p.head_dim);
+    va_copy_commit();
+    va_copy_wait<0>();
+    va_fence_proxy_async();
+    va_syncthreads();
+
+    if (threadIdx.x >= VA_THREADS) {
+        va_produce_tiles(p, tile, sm);
+    } else {
+        va_consume_tiles(p, tile, sm);
+    }
 }
