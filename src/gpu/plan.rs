@@ -153,9 +153,9 @@ impl Variant {
     /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, two
     /// K and two V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows are
     /// padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their alignment,
-    /// and its eight 8-byte barriers follow the tiles.
+    /// and its nine 8-byte barriers follow the tiles.
     pub fn shared_bytes(&self) -> usize {
-        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 64) } else { (8, 0) };
+        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 128) } else { (8, 0) };
         let (q_stride, v_stride) = (self.head_dim_pad + pad, self.head_dim_v_pad + pad);
         let staging = if self.target == Target::Mfma { self.block_m() * self.block_n } else { 0 };
         2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride + staging) + extra
@@ -421,7 +421,7 @@ mod tests {
         assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 384));
         // Q, two K tiles, two V tiles of bf16, no row padding: (128·80 + 2·128·80 + 2·128·72) · 2,
         // and 1 KiB to align the swizzled atoms.
-        assert_eq!(v.shared_bytes(), 98304 + 1024 + 64);
+        assert_eq!(v.shared_bytes(), 98304 + 1024 + 128);
         assert!(v.defines().contains(&"-DVA_WGMMA=1".to_string()));
         for (d, dv) in [(256, 256), (200, 40), (1, 1), (128, 128)] {
             let v = Variant::new(d, dv, true, Target::Wgmma);
