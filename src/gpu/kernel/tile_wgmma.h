@@ -42,44 +42,36 @@ template <int COUNT, int THREADS, int UNROLL, typename F> VA_DEVICE void va_for_
 // Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into a VaCoreTile, copied by
 // THREADS threads (`thread` is this one's index among them); rows past `valid_rows` and
 // columns past `dims` are zero-filled. In the slabs, eight consecutive threads copy one row's
-// 128 contiguous bytes into one 128-byte atom row (full sectors from L2, distinct banks); in the
-// tail, eight consecutive threads fill one core matrix.
+// 128 contiguous bytes into one 128-byte atom row (full sectors from L2, distinct banks), and
+// each thread keeps its 16-byte column and every (THREADS / 8)-th row: that row's swizzle (row %
+// 8) stays the same, so its copies are a fixed stride apart in both memories, unrolled with
+// immediate offsets. In the tail, eight consecutive threads fill one core matrix.
 template <int ROWS, int WIDTH, int THREADS, int UNROLL>
 VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows,
                                  int dims) {
     using T = VaCoreTile<ROWS, WIDTH>;
-    const auto copy = [&](va_u16* dst, int row, int col) {
+    constexpr int STEP = THREADS / 8; // rows between one thread's slab copies
+    static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "each thread's slab rows share a swizzle and tile the rows");
+    const int chunk = thread % 8, first = thread / 8;
+    const int rows_left = valid_rows - row0 - first;
+    const va_u16* src = base + (va_i64)(row0 + first) * token_stride + chunk * 8;
+    va_u16* dst = smem + first * 64 + (chunk ^ (first % 8)) * 8;
+    // (Wider heads keep the slab loop rolled: the copying warps have few registers.)
+#pragma unroll(T::SLABS <= 2 ? T::SLABS : 1)
+    for (int slab = 0; slab < T::SLABS; ++slab) {
+        int elems = dims - slab * 64 - chunk * 8;
+        elems = elems < 0 ? 0 : (elems > 8 ? 8 : elems);
+#pragma unroll
+        for (int k = 0; k < ROWS / STEP; ++k) {
+            const bool real = k * STEP < rows_left && elems > 0;
+            va_copy16(dst + slab * T::SLAB + k * STEP * 64, real ? src + slab * 64 + k * STEP * token_stride : base, real ? elems * 2 : 0);
+        }
+    }
+    const auto copy = [&](va_u16* to, int row, int col) {
         int elems = dims - col;
         elems = row0 + row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
-        const va_u16* src = elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base;
-        va_copy16(dst, src, elems * 2);
+        va_copy16(to, elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base, elems * 2);
     };
-    constexpr int STEP = THREADS / 8; // rows between one thread's slab copies
-    if constexpr (THREADS % 64 == 0 && ROWS % STEP == 0) {
-        // Each thread keeps one 16-byte column of every slab and every STEP-th row: its row's
-        // swizzle (row % 8) stays the same, so its copies are a fixed stride apart in both
-        // memories, unrolled with immediate offsets.
-        const int chunk = thread % 8, first = thread / 8;
-        const int rows_left = valid_rows - row0 - first;
-        const va_u16* src = base + (va_i64)(row0 + first) * token_stride + chunk * 8;
-        va_u16* dst = smem + first * 64 + (chunk ^ (first % 8)) * 8;
-        // (Wider heads keep the slab loop rolled: the copying warps have few registers.)
-#pragma unroll(T::SLABS <= 2 ? T::SLABS : 1)
-        for (int slab = 0; slab < T::SLABS; ++slab) {
-            int elems = dims - slab * 64 - chunk * 8;
-            elems = elems < 0 ? 0 : (elems > 8 ? 8 : elems);
-#pragma unroll
-            for (int k = 0; k < ROWS / STEP; ++k) {
-                const bool real = k * STEP < rows_left && elems > 0;
-                va_copy16(dst + slab * T::SLAB + k * STEP * 64, real ? src + slab * 64 + k * STEP * token_stride : base, real ? elems * 2 : 0);
-            }
-        }
-    } else {
-        va_for_each_copy<ROWS * T::SLABS * 8, THREADS, UNROLL>(thread, [&](int i) {
-            const int chunk = i % 8, row = (i / 8) % ROWS, slab = i / (8 * ROWS);
-            copy(smem + slab * T::SLAB + row * 64 + (chunk ^ (row % 8)) * 8, row, slab * 64 + chunk * 8);
-        });
-    }
     va_for_each_copy<ROWS * T::TAIL_CHUNKS, THREADS, UNROLL>(thread, [&](int i) {
         const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
         copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
