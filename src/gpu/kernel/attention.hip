@@ -1,4 +1,5 @@
-// Variable-length multi-head attention, forward pass: FlashAttention-2's structure.
+// Variable-length multi-head attention, forward pass: FlashAttention-2's structure (on Hopper,
+// FlashAttention-3's: see tile_wgmma.h).
 //
 // One block per (query tile of BLOCK_M rows, head, key split), the query tiles of all sequences
 // numbered one after another (`tile_start`, the prefix sums of each sequence's tile count), so a
