@@ -40,7 +40,7 @@ pub(crate) struct Variant {
     pub head_dim_v_pad: usize,
     /// Keys per shared-memory tile.
     pub block_n: usize,
-    /// Warps (NVIDIA) or waves (AMD) per block.
+    /// Computing warps (NVIDIA) or waves (AMD) per block; Hopper adds a copying warpgroup.
     pub warps: usize,
     /// Query rows per warp (16 or 32).
     pub rows_per_warp: usize,
