@@ -240,8 +240,8 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
         float(&s_flat)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(s);
         va_u32 pf[VA_BLOCK_N / 16][4];
         float alpha[2];
-        // The softmax of key tile i (already in `s`): probabilities into `pf`, the rescaling of
-        // O into `alpha`.
+        // The softmax of key tile i, whose scores are in `s`: the probabilities replace them,
+        // the rescaling of O goes into `alpha`; `probabilities` then packs them into `pf`.
         const auto softmax = [&](int i) {
             const int j = tile.j_begin + i;
             const bool masked = va_tile_needs_mask(p, tile, j, warp_first, warp_last);
@@ -286,7 +286,8 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
         va_wait_stage(sm.v_full, tiles - 1);
         va_take_turn(group);
         va_issue_values(o, pf, sm.v + va_stage(tiles - 1) * VaWgmmaSmem::V_TILE);
-        // Every turn taken is passed: warpgroup 1's last one is nobody's.
+        // Named barriers must balance: warpgroup 0 passes its last turn to warpgroup 1, whose
+        // own last pass would have no taker.
         if (group == 0) va_pass_turn(group);
         va_wgmma_wait<0>();
         va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
