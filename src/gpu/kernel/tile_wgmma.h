@@ -46,7 +46,7 @@ template <int COUNT, int THREADS, int UNROLL, typename F> VA_DEVICE void va_for_
 // each thread keeps its 16-byte column and every (THREADS / 8)-th row: that row's swizzle (row %
 // 8) stays the same, so its copies are a fixed stride apart in both memories, unrolled with
 // immediate offsets. In the tail, eight consecutive threads fill one core matrix.
-template <int ROWS, int WIDTH, int THREADS, int UNROLL>
+template <int ROWS, int WIDTH, int THREADS>
 VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows,
                                  int dims) {
     using T = VaCoreTile<ROWS, WIDTH>;
@@ -72,7 +72,7 @@ VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, v
         elems = row0 + row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
         va_copy16(to, elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base, elems * 2);
     };
-    va_for_each_copy<ROWS * T::TAIL_CHUNKS, THREADS, UNROLL>(thread, [&](int i) {
+    va_for_each_copy<ROWS * T::TAIL_CHUNKS, THREADS, 2>(thread, [&](int i) {
         const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
         copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
     });
@@ -130,6 +130,18 @@ struct VaWgmmaSmem {
 VA_DEVICE int va_stage(int i) { return i & 1; }
 VA_DEVICE int va_phase(int i) { return (i >> 1) & 1; }
 
+// Key (or value) tile i of the block into its stage, by the copying warpgroup, once every
+// computing warp has finished reading what the stage held.
+template <int WIDTH>
+VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, int tile_elems, va_u64* full, va_u64* empty, const va_u16* base,
+                             va_i64 token_stride, int dims, int i, int thread) {
+    const int stage = va_stage(i);
+    va_mbarrier_wait(&empty[stage], va_phase(i) ^ 1);
+    va_load_core_tile<VA_BLOCK_N, WIDTH, VA_PRODUCER_THREADS>(stages + stage * tile_elems, thread, base, token_stride,
+                                                              (tile.j_begin + i) * VA_BLOCK_N, tile.lk, dims);
+    va_copy_arrive(&full[stage]);
+}
+
 // The copying warpgroup: streams Q, then the block's K and V tiles into the two stages, each
 // into a stage as soon as every computing warp has finished reading it. cp.async with
 // zero-fill, so that keys past the sequence's end read as zeros and nothing of the next
@@ -142,24 +154,16 @@ VA_DEVICE void va_produce_tiles(const VaParams& p, const VaTile& tile, const VaW
     va_registers_release<VA_PRODUCER_REGISTERS>();
     const int thread = threadIdx.x - VA_THREADS, tiles = tile.j_end - tile.j_begin;
     if (tiles == 0) return;
-    va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS, 2>(sm.q, thread, tile.q, p.q_token_stride, tile.m0, tile.lq,
-                                                                           p.head_dim);
+    va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS>(sm.q, thread, tile.q, p.q_token_stride, tile.m0, tile.lq,
+                                                                        p.head_dim);
     va_copy_arrive(sm.q_full);
     const auto load_keys = [&](int i) {
-        const int stage = va_stage(i);
-        va_mbarrier_wait(&sm.k_empty[stage], va_phase(i) ^ 1);
-        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS, 2>(sm.k + stage * VaWgmmaSmem::K_TILE, thread, tile.k,
-                                                                               p.k_token_stride, (tile.j_begin + i) * VA_BLOCK_N, tile.lk,
-                                                                               p.head_dim);
-        va_copy_arrive(&sm.k_full[stage]);
+        va_load_stage<VA_HEAD_DIM_PAD>(tile, sm.k, VaWgmmaSmem::K_TILE, sm.k_full, sm.k_empty, tile.k, p.k_token_stride, p.head_dim, i,
+                                       thread);
     };
     const auto load_values = [&](int i) {
-        const int stage = va_stage(i);
-        va_mbarrier_wait(&sm.v_empty[stage], va_phase(i) ^ 1);
-        va_load_core_tile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD, VA_PRODUCER_THREADS, 2>(sm.v + stage * VaWgmmaSmem::V_TILE, thread, tile.v,
-                                                                                 p.v_token_stride, (tile.j_begin + i) * VA_BLOCK_N,
-                                                                                 tile.lk, p.head_dim_v);
-        va_copy_arrive(&sm.v_full[stage]);
+        va_load_stage<VA_HEAD_DIM_V_PAD>(tile, sm.v, VaWgmmaSmem::V_TILE, sm.v_full, sm.v_empty, tile.v, p.v_token_stride,
+                                         p.head_dim_v, i, thread);
     };
     if (VA_KEYS_AHEAD) load_keys(0);
     for (int i = 0; i < tiles; ++i) {
@@ -231,6 +235,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
     float o[NO][4];
 #pragma unroll
     for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
     VaRows rows = va_rows(warp_first, g);
     const float factor = p.softcap > 0.0f ? 1.0f : p.scale_log2;
     const int tiles = tile.j_end - tile.j_begin;
@@ -277,7 +282,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
             va_release_stage(sm.k_empty, i);
             softmax(i);
             va_wgmma_wait<0>(); // the values
-            va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
+            va_fence_registers(o_flat);
             va_release_stage(sm.v_empty, i - 1);
             probabilities();
         }
@@ -290,7 +295,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
         // own last pass would have no taker.
         if (group == 0) va_pass_turn(group);
         va_wgmma_wait<0>();
-        va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
+        va_fence_registers(o_flat);
     }
 
     va_store_fragment(p, tile, o, rows, factor, t);
