@@ -2,6 +2,7 @@
 //! grid, the key splits, and the parameter block the kernel reads. Shared by the CUDA and HIP
 //! runtimes, so the AMD path runs the same host logic as the tested NVIDIA one.
 
+use super::tensor_map::TensorMapShape;
 use crate::problem::Problem;
 
 /// Most key splits of one query tile.
@@ -232,6 +233,9 @@ pub(crate) struct Plan {
     metadata: Vec<i32>,
     pub tiles: usize,
     pub splits: usize,
+    /// Rows and heads of K and V (what their tensor maps describe on Hopper).
+    pub key_tokens: usize,
+    pub kv_heads: usize,
     pub params: KernelParams,
 }
 
@@ -307,7 +311,8 @@ impl Plan {
             params.metadata[..metadata.len()].copy_from_slice(&metadata);
             params.inline_metadata = 1;
         }
-        Plan { variant, metadata, tiles, splits, params }
+        let key_tokens = cu_seqlens_k.last().map_or(0, |&t| t as usize);
+        Plan { variant, metadata, tiles, splits, key_tokens, kv_heads: problem.num_kv_heads, params }
     }
 
     /// `tile_start[b]`: the first query tile of sequence `b`; `batch + 1` entries.
@@ -360,6 +365,24 @@ impl Plan {
     fn partial_lens(&self) -> (usize, usize) {
         let rows = self.splits * self.params.total_q as usize * self.params.heads as usize;
         (rows * self.variant.head_dim_v_pad, rows)
+    }
+
+    /// K's and V's shapes for their tensor maps (Hopper), given the boxes' key rows.
+    pub fn key_value_shapes(&self) -> [TensorMapShape; 2] {
+        let p = &self.params;
+        let shape = |address: u64, dims: i32, token_stride: i64, head_stride: i64| TensorMapShape {
+            address,
+            tokens: self.key_tokens,
+            heads: self.kv_heads,
+            dims: dims as usize,
+            token_stride: token_stride as usize,
+            head_stride: head_stride as usize,
+            rows: self.variant.block_n,
+        };
+        [
+            shape(p.k, p.head_dim, p.k_token_stride, p.k_head_stride),
+            shape(p.v, p.head_dim_v, p.v_token_stride, p.v_head_stride),
+        ]
     }
 
     /// Threads of the merge kernel and its grid, one thread per output element.
