@@ -22,7 +22,8 @@
 // tile), VA_IS_F16 (f16 instead of bf16), VA_WARPS (per block), VA_ROWS_PER_WARP (16 or 32;
 // BLOCK_M is VA_WARPS times that), VA_Q_IN_REGISTERS (mma.sync: 0 re-reads Q's fragments from
 // shared memory, for wide heads), VA_WGMMA (1: the Hopper tile), VA_MIN_BLOCKS (blocks per
-// multiprocessor the register budget must allow).
+// multiprocessor the register budget must allow), VA_STAGES (Hopper: shared-memory stages of K
+// and V, 2 or 3).
 
 #include "portability.h"
 
@@ -49,6 +50,9 @@
 #endif
 #ifndef VA_MIN_BLOCKS
 #define VA_MIN_BLOCKS 1
+#endif
+#ifndef VA_STAGES
+#define VA_STAGES 2
 #endif
 // VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
 // registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM.

@@ -1,5 +1,5 @@
 // NVIDIA Hopper (sm_90a): one tile with warpgroup MMAs, warp-specialized as in
-// FlashAttention-3. The block is three warpgroups: one copies K and V tiles into two stages of
+// FlashAttention-3. The block is three warpgroups: one copies K and V tiles into two or three stages of
 // shared memory (TMA for whole tiles where the host encoded tensor maps, cp.async for the rest,
 // signalling mbarriers; it gives most of its registers to the others),
 // two compute, each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync,
@@ -126,14 +126,14 @@ VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&
     }
 }
 
-// The block's shared memory: Q, two stages each of K and V, and their barriers ("full": the
+// The block's shared memory: Q, VA_STAGES stages each of K and V, and their barriers ("full": the
 // copies of a stage, or of Q, have landed; "empty": every computing warp is done reading it).
 struct VaWgmmaSmem {
     static constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
     static constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
     va_u16* q;
-    va_u16* k; // [2][K_TILE]
-    va_u16* v; // [2][V_TILE]
+    va_u16* k; // [VA_STAGES][K_TILE]
+    va_u16* v; // [VA_STAGES][V_TILE]
     va_u64* k_full;
     va_u64* v_full;
     va_u64* k_empty;
@@ -141,12 +141,12 @@ struct VaWgmmaSmem {
     va_u64* q_full;
 };
 
-// Key tile i of the block (counted from its first) sits in stage i % 2, whose barriers are then
-// in their phase i / 2.
-VA_DEVICE int va_stage(int i) { return i & 1; }
-VA_DEVICE int va_phase(int i) { return (i >> 1) & 1; }
+// Key tile i of the block (counted from its first) sits in stage i % VA_STAGES, whose barriers
+// are then in their phase i / VA_STAGES.
+VA_DEVICE int va_stage(int i) { return i % VA_STAGES; }
+VA_DEVICE int va_phase(int i) { return (i / VA_STAGES) & 1; }
 
-// The copying warpgroup: streams Q, then the block's K and V tiles into the two stages, each
+// The copying warpgroup: streams Q, then the block's K and V tiles into the stages, each
 // into a stage as soon as every computing warp has finished reading it. A tile of keys that all
 // belong to the sequence comes by TMA (one thread issues a box per 64-column slab) where the
 // host encoded tensor maps, its tail columns by cp.async; a tile that runs past the sequence's
@@ -342,14 +342,14 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
     VaWgmmaSmem sm;
     sm.q = smem;
     sm.k = sm.q + VA_BLOCK_M * VA_HEAD_DIM_PAD;
-    sm.v = sm.k + 2 * VaWgmmaSmem::K_TILE;
-    sm.k_full = reinterpret_cast<va_u64*>(sm.v + 2 * VaWgmmaSmem::V_TILE);
-    sm.v_full = sm.k_full + 2;
-    sm.k_empty = sm.k_full + 4;
-    sm.v_empty = sm.k_full + 6;
-    sm.q_full = sm.k_full + 8;
+    sm.v = sm.k + VA_STAGES * VaWgmmaSmem::K_TILE;
+    sm.k_full = reinterpret_cast<va_u64*>(sm.v + VA_STAGES * VaWgmmaSmem::V_TILE);
+    sm.v_full = sm.k_full + VA_STAGES;
+    sm.k_empty = sm.k_full + 2 * VA_STAGES;
+    sm.v_empty = sm.k_full + 3 * VA_STAGES;
+    sm.q_full = sm.k_full + 4 * VA_STAGES;
     if (threadIdx.x == 0) {
-        for (int stage = 0; stage < 2; ++stage) {
+        for (int stage = 0; stage < VA_STAGES; ++stage) {
             va_mbarrier_init(&sm.k_full[stage], VA_PRODUCER_THREADS + 1);
             va_mbarrier_init(&sm.v_full[stage], VA_PRODUCER_THREADS + 1);
             va_mbarrier_init(&sm.k_empty[stage], VA_WARPS);
