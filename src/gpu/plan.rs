@@ -90,9 +90,11 @@ impl Variant {
                     f16,
                     target,
                 };
-                // A third stage gives the copies more lead, where shared memory has room.
+                // A third stage gives the copies more lead, where shared memory has room
+                // (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
                 let three = Variant { stages: 3, ..two };
-                if three.shared_bytes() <= MAX_SHARED_BYTES {
+                let two_asked = std::env::var("VARLEN_ATTN_GPU_STAGES").is_ok_and(|s| s == "2");
+                if !two_asked && three.shared_bytes() <= MAX_SHARED_BYTES {
                     three
                 } else {
                     two
