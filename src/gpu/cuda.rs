@@ -3,6 +3,7 @@
 
 use super::plan::{KernelParams, Plan, Target, Variant};
 use super::source;
+use super::tensor_map::{TensorMap, TensorMapShape};
 use super::workspace::Workspace;
 use crate::error::Error;
 use cudarc::driver::sys::CUdevice_attribute;
@@ -15,6 +16,47 @@ use std::sync::{Arc, Mutex};
 // SAFETY: `KernelParams` is `#[repr(C)]` plain data (integers and floats) matching the kernel's
 // parameter struct, so its bytes are a valid kernel argument.
 unsafe impl DeviceRepr for KernelParams {}
+// SAFETY: `TensorMap` is the driver's 128 opaque bytes, 64-byte aligned like the kernel's
+// `VaTensorMap` parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The driver's encoding of `shape` (16-bit elements, 128-byte swizzle, zeros out of bounds),
+/// or `None` where TMA cannot address it or the driver refuses: the kernel then copies by
+/// cp.async, as it does on other GPUs.
+fn encode_tensor_map(shape: &TensorMapShape, f16: bool) -> Option<TensorMap> {
+    use cudarc::driver::sys;
+    let arguments = shape.arguments()?;
+    let data_type = if f16 {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+    } else {
+        sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+    };
+    let element_strides = [1u32; 3];
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    // SAFETY: every array holds the rank (3) entries the call reads (2 for the strides); `map`
+    // is written by the driver and read only on success; the address is only recorded.
+    let result = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            data_type,
+            3,
+            shape.address as *mut core::ffi::c_void,
+            arguments.global_dims.as_ptr(),
+            arguments.global_strides.as_ptr(),
+            arguments.box_dims.as_ptr(),
+            element_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if result != sys::CUresult::CUDA_SUCCESS {
+        log::debug!("varlen-attn: no tensor map for {shape:?} ({result:?}); copying by cp.async");
+        return None;
+    }
+    Some(TensorMap(map.opaque))
+}
 
 /// The two entry points of one compiled variant.
 struct Kernels {
@@ -30,6 +72,9 @@ pub(crate) struct CudaDevice {
     /// The kernel this GPU runs, chosen once when it is opened.
     target: Target,
     multiprocessors: usize,
+    /// Whether Hopper's kernel may copy whole key tiles by TMA (`VARLEN_ATTN_GPU_TMA=0` turns it
+    /// off, for comparisons; it then copies by cp.async only).
+    tma: bool,
     kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
     /// The key-split workspace, kept between calls.
     workspace: Workspace<CudaSlice<u8>>,
@@ -83,6 +128,7 @@ impl CudaDevice {
             capability,
             target: Target::nvidia(capability.0, capability.1),
             multiprocessors,
+            tma: std::env::var("VARLEN_ATTN_GPU_TMA").map_or(true, |v| v != "0"),
             kernels: Mutex::new(HashMap::new()),
             workspace: Workspace::new(),
         })
@@ -183,6 +229,20 @@ impl CudaDevice {
             };
             let mut launch = self.stream.launch_builder(&kernels.attention);
             launch.arg(&params);
+            // Hopper's kernel also takes the tensor maps of K and V, and whether both encoded.
+            let (maps, tma);
+            if plan.variant.target == Target::Wgmma {
+                let encoded = plan.key_value_shapes().map(|shape| {
+                    if self.tma {
+                        encode_tensor_map(&shape, plan.variant.f16)
+                    } else {
+                        None
+                    }
+                });
+                tma = i32::from(encoded.iter().all(Option::is_some));
+                maps = encoded.map(Option::unwrap_or_default);
+                launch.arg(&maps[0]).arg(&maps[1]).arg(&tma);
+            }
             // SAFETY: the parameter block matches the kernel's struct; every pointer in it is a
             // live device allocation of the size the kernel indexes (validated shapes, strides
             // and cu_seqlens; the workspace sized by the plan), and the kernel stays in bounds

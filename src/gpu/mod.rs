@@ -23,6 +23,8 @@ mod plan;
 #[cfg(feature = "gpu")]
 mod source;
 #[cfg(feature = "gpu")]
+mod tensor_map;
+#[cfg(feature = "gpu")]
 mod workspace;
 
 pub use device::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};

@@ -2,7 +2,11 @@
 //! grid, the key splits, and the parameter block the kernel reads. Shared by the CUDA and HIP
 //! runtimes, so the AMD path runs the same host logic as the tested NVIDIA one.
 
+use super::tensor_map::TensorMapShape;
 use crate::problem::Problem;
+
+/// Dynamic shared memory a block may have on the GPUs we target (227 KiB on Hopper and A100).
+const MAX_SHARED_BYTES: usize = 227 * 1024;
 
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
@@ -48,6 +52,8 @@ pub(crate) struct Variant {
     pub min_blocks: usize,
     /// mma.sync: whether Q's fragments stay in registers (else re-read from shared memory).
     pub q_in_registers: bool,
+    /// Shared-memory stages of K and V: 2, or 3 on Hopper where they fit.
+    pub stages: usize,
     pub f16: bool,
     pub target: Target,
 }
@@ -72,7 +78,7 @@ impl Variant {
                 // heads take 64 keys, so that the double-buffered tiles stay within shared
                 // memory.
                 let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 128 } else { 64 };
-                Variant {
+                let two = Variant {
                     head_dim_pad,
                     head_dim_v_pad,
                     block_n,
@@ -80,8 +86,18 @@ impl Variant {
                     rows_per_warp: 16,
                     min_blocks: 1,
                     q_in_registers: false,
+                    stages: 2,
                     f16,
                     target,
+                };
+                // A third stage gives the copies more lead, where shared memory has room
+                // (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
+                let three = Variant { stages: 3, ..two };
+                let two_asked = std::env::var("VARLEN_ATTN_GPU_STAGES").is_ok_and(|s| s == "2");
+                if !two_asked && three.shared_bytes() <= MAX_SHARED_BYTES {
+                    three
+                } else {
+                    two
                 }
             }
             Target::Mma | Target::Mfma => {
@@ -104,6 +120,7 @@ impl Variant {
                     rows_per_warp,
                     min_blocks: 2,
                     q_in_registers,
+                    stages: 2,
                     f16,
                     target,
                 }
@@ -140,6 +157,7 @@ impl Variant {
             format!("-DVA_ROWS_PER_WARP={}", self.rows_per_warp),
             format!("-DVA_Q_IN_REGISTERS={}", u8::from(self.q_in_registers)),
             format!("-DVA_MIN_BLOCKS={}", self.min_blocks),
+            format!("-DVA_STAGES={}", self.stages),
         ];
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
@@ -150,15 +168,16 @@ impl Variant {
         d
     }
 
-    /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, two
-    /// K and two V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows are
-    /// padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their alignment,
-    /// and its nine 8-byte barriers follow the tiles.
+    /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, the
+    /// stages of K and V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows
+    /// are padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their
+    /// alignment, and its 8-byte barriers (four per stage and Q's) follow the tiles.
     pub fn shared_bytes(&self) -> usize {
-        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 128) } else { (8, 0) };
+        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 8 * (4 * self.stages + 1)) } else { (8, 0) };
         let (q_stride, v_stride) = (self.head_dim_pad + pad, self.head_dim_v_pad + pad);
         let staging = if self.target == Target::Mfma { self.block_m() * self.block_n } else { 0 };
-        2 * (self.block_m() * q_stride + 2 * self.block_n * q_stride + 2 * self.block_n * v_stride + staging) + extra
+        let stages = self.stages * self.block_n * (q_stride + v_stride);
+        2 * (self.block_m() * q_stride + stages + staging) + extra
     }
 }
 
@@ -232,6 +251,9 @@ pub(crate) struct Plan {
     metadata: Vec<i32>,
     pub tiles: usize,
     pub splits: usize,
+    /// Rows and heads of K and V (what their tensor maps describe on Hopper).
+    pub key_tokens: usize,
+    pub kv_heads: usize,
     pub params: KernelParams,
 }
 
@@ -307,7 +329,8 @@ impl Plan {
             params.metadata[..metadata.len()].copy_from_slice(&metadata);
             params.inline_metadata = 1;
         }
-        Plan { variant, metadata, tiles, splits, params }
+        let key_tokens = cu_seqlens_k.last().map_or(0, |&t| t as usize);
+        Plan { variant, metadata, tiles, splits, key_tokens, kv_heads: problem.num_kv_heads, params }
     }
 
     /// `tile_start[b]`: the first query tile of sequence `b`; `batch + 1` entries.
@@ -362,6 +385,24 @@ impl Plan {
         (rows * self.variant.head_dim_v_pad, rows)
     }
 
+    /// K's and V's shapes for their tensor maps (Hopper), given the boxes' key rows.
+    pub fn key_value_shapes(&self) -> [TensorMapShape; 2] {
+        let p = &self.params;
+        let shape = |address: u64, dims: i32, token_stride: i64, head_stride: i64| TensorMapShape {
+            address,
+            tokens: self.key_tokens,
+            heads: self.kv_heads,
+            dims: dims as usize,
+            token_stride: token_stride as usize,
+            head_stride: head_stride as usize,
+            rows: self.variant.block_n,
+        };
+        [
+            shape(p.k, p.head_dim, p.k_token_stride, p.k_head_stride),
+            shape(p.v, p.head_dim_v, p.v_token_stride, p.v_head_stride),
+        ]
+    }
+
     /// Threads of the merge kernel and its grid, one thread per output element.
     pub fn merge_grid(&self) -> (u32, u32) {
         let elements = self.params.total_q as usize * self.params.heads as usize * self.params.head_dim_v as usize;
@@ -409,6 +450,7 @@ mod tests {
                 rows_per_warp: 32,
                 min_blocks: 2,
                 q_in_registers: true,
+                stages: 2,
                 f16: false,
                 target: Target::Mma
             }
@@ -419,13 +461,16 @@ mod tests {
     fn hopper_variants_keep_head_dim_v_72_and_fit_shared_memory() {
         let v = Variant::new(72, 72, false, Target::Wgmma);
         assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 384));
-        // Q, two K tiles, two V tiles of bf16, no row padding: (128·80 + 2·128·80 + 2·128·72) · 2,
-        // and 1 KiB to align the swizzled atoms.
-        assert_eq!(v.shared_bytes(), 98304 + 1024 + 128);
+        // Q, three K tiles, three V tiles of bf16, no row padding: (128·80 + 3·128·80 + 3·128·72)
+        // · 2, 1 KiB to align the swizzled atoms, and 13 barriers.
+        assert_eq!((v.stages, v.shared_bytes()), (3, 137216 + 1024 + 104));
+        // Three stages of 128 columns still fit (Q 32 KiB, K and V 3 · 64 KiB); 256 do not.
+        assert_eq!(Variant::new(128, 128, false, Target::Wgmma).stages, 3);
+        assert_eq!(Variant::new(256, 256, false, Target::Wgmma).stages, 2);
         assert!(v.defines().contains(&"-DVA_WGMMA=1".to_string()));
         for (d, dv) in [(256, 256), (200, 40), (1, 1), (128, 128)] {
             let v = Variant::new(d, dv, true, Target::Wgmma);
-            assert!(v.shared_bytes() <= 227 * 1024, "{v:?}");
+            assert!(v.shared_bytes() <= MAX_SHARED_BYTES, "{v:?}");
             assert!(v.head_dim_v_pad >= dv && v.head_dim_v_pad.is_multiple_of(8));
         }
         assert_eq!(Variant::new(72, 72, false, Target::Mma).threads(), 128);

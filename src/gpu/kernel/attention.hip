@@ -22,7 +22,8 @@
 // tile), VA_IS_F16 (f16 instead of bf16), VA_WARPS (per block), VA_ROWS_PER_WARP (16 or 32;
 // BLOCK_M is VA_WARPS times that), VA_Q_IN_REGISTERS (mma.sync: 0 re-reads Q's fragments from
 // shared memory, for wide heads), VA_WGMMA (1: the Hopper tile), VA_MIN_BLOCKS (blocks per
-// multiprocessor the register budget must allow).
+// multiprocessor the register budget must allow), VA_STAGES (Hopper: shared-memory stages of K
+// and V, 2 or 3).
 
 #include "portability.h"
 
@@ -49,6 +50,9 @@
 #endif
 #ifndef VA_MIN_BLOCKS
 #define VA_MIN_BLOCKS 1
+#endif
+#ifndef VA_STAGES
+#define VA_STAGES 2
 #endif
 // VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
 // registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM.
@@ -140,6 +144,8 @@ struct VaTile {
     int offset;       // lk - lq: masks align bottom-right
     int head, split;
     int j_begin, j_end; // key tiles [j_begin, j_end) of BLOCK_N keys
+    int k_start;        // the sequence's first key token
+    int kv_head;
 };
 
 // Whether key `key` is visible from query row `row` (within the sequence, inside the window).
@@ -166,7 +172,16 @@ VA_DEVICE bool va_tile_needs_mask(const VaParams& p, const VaTile& tile, int j, 
 #include "tile_mma.h"
 #endif
 
-extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS) va_attention_forward(VA_GRID_CONSTANT const VaParams p) {
+#if VA_WGMMA
+// Hopper also takes the tensor maps of K and V (boxes of 64 columns × 1 head × BLOCK_N tokens,
+// 128-byte swizzle), and whether the host could encode them (`tma`; else every copy is cp.async).
+#define VA_TMA_PARAMETERS , VA_GRID_CONSTANT const VaTensorMap k_map, VA_GRID_CONSTANT const VaTensorMap v_map, const int tma
+#else
+#define VA_TMA_PARAMETERS
+#endif
+
+extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
+    va_attention_forward(VA_GRID_CONSTANT const VaParams p VA_TMA_PARAMETERS) {
     extern __shared__ __align__(128) va_u16 smem[];
 
     // Which sequence and query tile: the last sequence whose first tile is <= this one (empty
@@ -200,6 +215,8 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS) v
     tile.j_end = first_block + min(blocks, (split + 1) * per_split);
 
     const int kv_head = head / p.group;
+    tile.k_start = k_start;
+    tile.kv_head = kv_head;
     tile.q = p.q + (va_i64)tile.q_start * p.q_token_stride + (va_i64)head * p.q_head_stride;
     tile.k = p.k + (va_i64)k_start * p.k_token_stride + (va_i64)kv_head * p.k_head_stride;
     tile.v = p.v + (va_i64)k_start * p.v_token_stride + (va_i64)kv_head * p.v_head_stride;
@@ -207,7 +224,7 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS) v
 #if defined(VA_AMD)
     va_attention_tile_mfma(p, tile, smem);
 #elif VA_WGMMA
-    va_attention_tile_wgmma(p, tile, smem);
+    va_attention_tile_wgmma(p, tile, smem, &k_map, &v_map, tma != 0);
 #else
     va_attention_tile_mma(p, tile, smem);
 #endif

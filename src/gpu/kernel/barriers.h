@@ -44,3 +44,29 @@ VA_DEVICE void va_named_arrive(int id, int threads) { asm volatile("bar.arrive %
 // the warpgroup executes it. ptxas allocates the code after it within the new count.
 template <int REGISTERS> VA_DEVICE void va_registers_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGISTERS)); }
 template <int REGISTERS> VA_DEVICE void va_registers_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGISTERS)); }
+
+// ---- The tensor memory accelerator (TMA) -----------------------------------------------------
+
+// A tensor map (CUtensorMap) as the host encoded it, passed as a __grid_constant__ parameter.
+struct alignas(64) VaTensorMap {
+    va_u64 bits[16];
+};
+
+// One arrival on `bar` that also expects `bytes` more to land (by TMA) before its phase completes.
+VA_DEVICE void va_mbarrier_arrive_expect_tx(va_u64* bar, int bytes) {
+    asm volatile("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }\n" ::"r"(va_smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+
+// The box of `map` at element coordinates (x, y, z) into shared memory at `dst`, counted on
+// `bar` as it lands.
+VA_DEVICE void va_tma_load_3d(void* dst, const VaTensorMap* map, int x, int y, int z, va_u64* bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+                     va_smem_addr(dst)),
+                 "l"(reinterpret_cast<va_u64>(map)), "r"(x), "r"(y), "r"(z), "r"(va_smem_addr(bar))
+                 : "memory");
+}
+
+VA_DEVICE void va_prefetch_tensor_map(const VaTensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<va_u64>(map)) : "memory");
+}

@@ -1,6 +1,7 @@
 // NVIDIA Hopper (sm_90a): one tile with warpgroup MMAs, warp-specialized as in
-// FlashAttention-3. The block is three warpgroups: one copies K and V tiles into two stages of
-// shared memory (cp.async, signalling mbarriers; it gives most of its registers to the others),
+// FlashAttention-3. The block is three warpgroups: one copies K and V tiles into two or three stages of
+// shared memory (TMA for whole tiles where the host encoded tensor maps, cp.async for the rest,
+// signalling mbarriers; it gives most of its registers to the others),
 // two compute, each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync,
 // so the softmax and the write are shared with tile_mma.h). The computing warpgroups take turns
 // at the tensor cores (one's softmax runs while the other's products do), and within each the
@@ -39,16 +40,15 @@ template <int COUNT, int THREADS, int UNROLL, typename F> VA_DEVICE void va_for_
     }
 }
 
-// Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into a VaCoreTile, copied by
-// THREADS threads (`thread` is this one's index among them); rows past `valid_rows` and
-// columns past `dims` are zero-filled. In the slabs, eight consecutive threads copy one row's
-// 128 contiguous bytes into one 128-byte atom row (full sectors from L2, distinct banks), and
-// each thread keeps its 16-byte column and every (THREADS / 8)-th row: that row's swizzle (row %
-// 8) stays the same, so its copies are a fixed stride apart in both memories, unrolled with
-// immediate offsets. In the tail, eight consecutive threads fill one core matrix.
+// Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into the slabs of a VaCoreTile,
+// copied by THREADS threads (`thread` is this one's index among them); rows past `valid_rows`
+// and columns past `dims` are zero-filled. Eight consecutive threads copy one row's 128
+// contiguous bytes into one 128-byte atom row (full sectors from L2, distinct banks), and each
+// thread keeps its 16-byte column and every (THREADS / 8)-th row: that row's swizzle (row % 8)
+// stays the same, so its copies are a fixed stride apart in both memories, unrolled with
+// immediate offsets.
 template <int ROWS, int WIDTH, int THREADS>
-VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows,
-                                 int dims) {
+VA_DEVICE void va_load_slabs(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
     using T = VaCoreTile<ROWS, WIDTH>;
     constexpr int STEP = THREADS / 8; // rows between one thread's slab copies
     static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "each thread's slab rows share a swizzle and tile the rows");
@@ -57,7 +57,7 @@ VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, v
     const va_u16* src = base + (va_i64)(row0 + first) * token_stride + chunk * 8;
     va_u16* dst = smem + first * 64 + (chunk ^ (first % 8)) * 8;
     // (Wider heads keep the slab loop rolled: the copying warps have few registers.)
-#pragma unroll(T::SLABS <= 2 ? T::SLABS : 1)
+#pragma unroll(T::SLABS == 1 || T::SLABS == 2 ? T::SLABS : 1)
     for (int slab = 0; slab < T::SLABS; ++slab) {
         int elems = dims - slab * 64 - chunk * 8;
         elems = elems < 0 ? 0 : (elems > 8 ? 8 : elems);
@@ -67,15 +67,31 @@ VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, v
             va_copy16(dst + slab * T::SLAB + k * STEP * 64, real ? src + slab * 64 + k * STEP * token_stride : base, real ? elems * 2 : 0);
         }
     }
+}
+
+// The same rows into the tail of a VaCoreTile: eight consecutive threads fill one core matrix.
+template <int ROWS, int WIDTH, int THREADS>
+VA_DEVICE void va_load_tail(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
+    using T = VaCoreTile<ROWS, WIDTH>;
     const auto copy = [&](va_u16* to, int row, int col) {
         int elems = dims - col;
         elems = row0 + row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
         va_copy16(to, elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base, elems * 2);
     };
-    va_for_each_copy<ROWS * T::TAIL_CHUNKS, THREADS, 2>(thread, [&](int i) {
-        const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
-        copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
-    });
+    if constexpr (T::TAIL_CHUNKS > 0) {
+        va_for_each_copy<ROWS * T::TAIL_CHUNKS, THREADS, 2>(thread, [&](int i) {
+            const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
+            copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
+        });
+    }
+}
+
+// A whole VaCoreTile: the slabs and the tail.
+template <int ROWS, int WIDTH, int THREADS>
+VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows,
+                                 int dims) {
+    va_load_slabs<ROWS, WIDTH, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
+    va_load_tail<ROWS, WIDTH, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
 }
 
 // The descriptor of k-step kk (16 columns) of the rows from `first_row` (a multiple of 8) of a
@@ -110,14 +126,14 @@ VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&
     }
 }
 
-// The block's shared memory: Q, two stages each of K and V, and their barriers ("full": the
+// The block's shared memory: Q, VA_STAGES stages each of K and V, and their barriers ("full": the
 // copies of a stage, or of Q, have landed; "empty": every computing warp is done reading it).
 struct VaWgmmaSmem {
     static constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
     static constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
     va_u16* q;
-    va_u16* k; // [2][K_TILE]
-    va_u16* v; // [2][V_TILE]
+    va_u16* k; // [VA_STAGES][K_TILE]
+    va_u16* v; // [VA_STAGES][V_TILE]
     va_u64* k_full;
     va_u64* v_full;
     va_u64* k_empty;
@@ -125,45 +141,63 @@ struct VaWgmmaSmem {
     va_u64* q_full;
 };
 
-// Key tile i of the block (counted from its first) sits in stage i % 2, whose barriers are then
-// in their phase i / 2.
-VA_DEVICE int va_stage(int i) { return i & 1; }
-VA_DEVICE int va_phase(int i) { return (i >> 1) & 1; }
+// Key tile i of the block (counted from its first) sits in stage i % VA_STAGES, whose barriers
+// are then in their phase i / VA_STAGES.
+VA_DEVICE int va_stage(int i) { return i % VA_STAGES; }
+VA_DEVICE int va_phase(int i) { return (i / VA_STAGES) & 1; }
 
-// Key (or value) tile i of the block into its stage, by the copying warpgroup, once every
-// computing warp has finished reading what the stage held.
+// The copying warpgroup: streams Q, then the block's K and V tiles into the stages, each
+// into a stage as soon as every computing warp has finished reading it. A tile of keys that all
+// belong to the sequence comes by TMA (one thread issues a box per 64-column slab) where the
+// host encoded tensor maps, its tail columns by cp.async; a tile that runs past the sequence's
+// end comes wholly by cp.async with zero-fill, so that nothing of the next sequence enters.
+// Narrow heads load the keys of tile i + 1 before the values of tile i, which are needed later;
+// wide heads keep each tile's keys and values together (measured on the H200: keys ahead 10%
+// faster at head_dim 72, 6% slower at 128, whose larger values then arrive late; where between
+// the two it turns is not measured). A stage's "full" barrier counts one arrival from the
+// first copying thread (with the TMA bytes it expects) and one per copying thread's cp.async.
+// Key (or value) tile i of the block into its stage, by the copying warpgroup.
 template <int WIDTH>
-VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, int tile_elems, va_u64* full, va_u64* empty, const va_u16* base,
-                             va_i64 token_stride, int dims, int i, int thread) {
-    const int stage = va_stage(i);
+VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, int tile_elems, va_u64* full, va_u64* empty, const VaTensorMap* map,
+                             const va_u16* base, va_i64 token_stride, int dims, int i, int thread, bool tma) {
+    using T = VaCoreTile<VA_BLOCK_N, WIDTH>;
+    const int stage = va_stage(i), key0 = (tile.j_begin + i) * VA_BLOCK_N;
+    va_u16* dst = stages + stage * tile_elems;
     va_mbarrier_wait(&empty[stage], va_phase(i) ^ 1);
-    va_load_core_tile<VA_BLOCK_N, WIDTH, VA_PRODUCER_THREADS>(stages + stage * tile_elems, thread, base, token_stride,
-                                                              (tile.j_begin + i) * VA_BLOCK_N, tile.lk, dims);
+    if (T::SLABS > 0 && tma && key0 + VA_BLOCK_N <= tile.lk) {
+        if (thread == 0) {
+            va_mbarrier_arrive_expect_tx(&full[stage], T::SLABS * VA_BLOCK_N * 128);
+            for (int slab = 0; slab < T::SLABS; ++slab)
+                va_tma_load_3d(dst + slab * T::SLAB, map, slab * 64, tile.kv_head, tile.k_start + key0, &full[stage]);
+        }
+        va_load_tail<VA_BLOCK_N, WIDTH, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
+    } else {
+        va_load_core_tile<VA_BLOCK_N, WIDTH, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
+        if (thread == 0) va_mbarrier_arrive(&full[stage]);
+    }
     va_copy_arrive(&full[stage]);
 }
 
-// The copying warpgroup: streams Q, then the block's K and V tiles into the two stages, each
-// into a stage as soon as every computing warp has finished reading it. cp.async with
-// zero-fill, so that keys past the sequence's end read as zeros and nothing of the next
-// sequence enters. Narrow heads load the keys of tile i + 1 before the values of tile i, which
-// are needed later; wide heads keep each tile's keys and values together (measured on the H200:
-// keys ahead 10% faster at head_dim 72, 6% slower at 128, whose larger values then arrive late;
-// where between the two it turns is not measured).
 #define VA_KEYS_AHEAD (VA_HEAD_DIM_PAD <= 96)
-VA_DEVICE void va_produce_tiles(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm) {
+VA_DEVICE void va_produce_tiles(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, const VaTensorMap* k_map,
+                                const VaTensorMap* v_map, bool tma) {
     va_registers_release<VA_PRODUCER_REGISTERS>();
     const int thread = threadIdx.x - VA_THREADS, tiles = tile.j_end - tile.j_begin;
     if (tiles == 0) return;
+    if (tma && thread == 0) {
+        va_prefetch_tensor_map(k_map);
+        va_prefetch_tensor_map(v_map);
+    }
     va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS>(sm.q, thread, tile.q, p.q_token_stride, tile.m0, tile.lq,
                                                                         p.head_dim);
     va_copy_arrive(sm.q_full);
     const auto load_keys = [&](int i) {
-        va_load_stage<VA_HEAD_DIM_PAD>(tile, sm.k, VaWgmmaSmem::K_TILE, sm.k_full, sm.k_empty, tile.k, p.k_token_stride, p.head_dim, i,
-                                       thread);
+        va_load_stage<VA_HEAD_DIM_PAD>(tile, sm.k, VaWgmmaSmem::K_TILE, sm.k_full, sm.k_empty, k_map, tile.k, p.k_token_stride,
+                                       p.head_dim, i, thread, tma);
     };
     const auto load_values = [&](int i) {
-        va_load_stage<VA_HEAD_DIM_V_PAD>(tile, sm.v, VaWgmmaSmem::V_TILE, sm.v_full, sm.v_empty, tile.v, p.v_token_stride,
-                                         p.head_dim_v, i, thread);
+        va_load_stage<VA_HEAD_DIM_V_PAD>(tile, sm.v, VaWgmmaSmem::V_TILE, sm.v_full, sm.v_empty, v_map, tile.v, p.v_token_stride,
+                                         p.head_dim_v, i, thread, tma);
     };
     if (VA_KEYS_AHEAD) load_keys(0);
     for (int i = 0; i < tiles; ++i) {
@@ -301,22 +335,23 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
     va_store_fragment(p, tile, o, rows, factor, t);
 }
 
-VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va_u16* smem) {
+VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va_u16* smem, const VaTensorMap* k_map,
+                                       const VaTensorMap* v_map, bool tma) {
     // Swizzled atoms must start on 1024 bytes: the host allots 1 KiB more for the alignment.
     smem += ((1024 - (va_smem_addr(smem) & 1023)) & 1023) / 2;
     VaWgmmaSmem sm;
     sm.q = smem;
     sm.k = sm.q + VA_BLOCK_M * VA_HEAD_DIM_PAD;
-    sm.v = sm.k + 2 * VaWgmmaSmem::K_TILE;
-    sm.k_full = reinterpret_cast<va_u64*>(sm.v + 2 * VaWgmmaSmem::V_TILE);
-    sm.v_full = sm.k_full + 2;
-    sm.k_empty = sm.k_full + 4;
-    sm.v_empty = sm.k_full + 6;
-    sm.q_full = sm.k_full + 8;
+    sm.v = sm.k + VA_STAGES * VaWgmmaSmem::K_TILE;
+    sm.k_full = reinterpret_cast<va_u64*>(sm.v + VA_STAGES * VaWgmmaSmem::V_TILE);
+    sm.v_full = sm.k_full + VA_STAGES;
+    sm.k_empty = sm.k_full + 2 * VA_STAGES;
+    sm.v_empty = sm.k_full + 3 * VA_STAGES;
+    sm.q_full = sm.k_full + 4 * VA_STAGES;
     if (threadIdx.x == 0) {
-        for (int stage = 0; stage < 2; ++stage) {
-            va_mbarrier_init(&sm.k_full[stage], VA_PRODUCER_THREADS);
-            va_mbarrier_init(&sm.v_full[stage], VA_PRODUCER_THREADS);
+        for (int stage = 0; stage < VA_STAGES; ++stage) {
+            va_mbarrier_init(&sm.k_full[stage], VA_PRODUCER_THREADS + 1);
+            va_mbarrier_init(&sm.v_full[stage], VA_PRODUCER_THREADS + 1);
             va_mbarrier_init(&sm.k_empty[stage], VA_WARPS);
             va_mbarrier_init(&sm.v_empty[stage], VA_WARPS);
         }
@@ -325,7 +360,7 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
     va_syncthreads(); // the barriers are initialized for everyone
 
     if (threadIdx.x >= VA_THREADS) {
-        va_produce_tiles(p, tile, sm);
+        va_produce_tiles(p, tile, sm, k_map, v_map, tma);
     } else {
         va_consume_tiles(p, tile, sm);
     }
