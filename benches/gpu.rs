@@ -64,7 +64,10 @@ fn main() {
                 None,
             )
         };
-        let repeats = if shape.flops() > 1e12 {
+        // VARLEN_ATTN_BENCH_REPEATS=n runs n calls per timing (few, under a profiler).
+        let repeats = if let Some(n) = std::env::var("VARLEN_ATTN_BENCH_REPEATS").ok().and_then(|n| n.parse().ok()) {
+            n
+        } else if shape.flops() > 1e12 {
             5
         } else if shape.flops() > 1e10 {
             20

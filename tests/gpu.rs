@@ -129,6 +129,23 @@ fn device_resident_api_matches_the_host_api() {
     )
     .unwrap_err();
     assert!(matches!(err, varlen_attn::Error::CuSeqlens { .. }), "{err}");
+    // Buffers of another device (another queue) are refused, for the call and for downloads.
+    let other = Device::open(0).unwrap();
+    let foreign = other.upload(q.as_slice().unwrap()).unwrap();
+    let err = forward_device(
+        &device,
+        DeviceTensor::new(&foreign, dims).unwrap(),
+        DeviceTensor::new(&kd, dims).unwrap(),
+        DeviceTensor::new(&vd, dims).unwrap(),
+        &cu,
+        &cu,
+        &Params::default(),
+        DeviceTensorMut::new(&mut out, dims).unwrap(),
+        None,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("another `Device`"), "{err}");
+    assert!(device.download(&foreign).unwrap_err().to_string().contains("another `Device`"));
 }
 
 #[test]

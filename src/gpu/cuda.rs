@@ -110,6 +110,12 @@ impl CudaDevice {
             return Err(Error::NoDevice(format!("GPU {ordinal} was asked for but the driver sees {count}")));
         }
         let context = CudaContext::new(ordinal).map_err(gpu_error("creating a context"))?;
+        // cudarc would otherwise record and wait on events around every use of every buffer
+        // (several driver calls per buffer per call: most of a small call's host time).
+        // SAFETY: this device's buffers are allocated, used and freed on its one stream only
+        // (`gpu::Device` refuses buffers of another device), so the stream's order alone
+        // orders every use.
+        unsafe { context.disable_event_tracking() };
         let capability = context.compute_capability().map_err(gpu_error("reading the compute capability"))?;
         if capability.0 < 8 {
             return Err(Error::NoDevice(format!(

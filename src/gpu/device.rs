@@ -7,6 +7,8 @@ use crate::error::Error;
 use crate::params::Params;
 use crate::problem::Problem;
 use core::marker::PhantomData;
+#[cfg(feature = "gpu")]
+use core::sync::atomic::{AtomicU64, Ordering};
 use ndarray::{ArrayView3, ArrayViewMut2, ArrayViewMut3};
 
 #[cfg(feature = "gpu")]
@@ -27,6 +29,9 @@ use super::{
 pub struct Device {
     #[cfg(feature = "gpu")]
     inner: Inner,
+    /// Tells this device's buffers from any other's (unique per opened device).
+    #[cfg(feature = "gpu")]
+    id: u64,
     #[cfg(not(feature = "gpu"))]
     _never: core::convert::Infallible,
 }
@@ -41,6 +46,9 @@ enum Inner {
 pub struct DeviceBuffer<T> {
     #[cfg(feature = "gpu")]
     raw: Raw,
+    /// The id of the device that allocated it.
+    #[cfg(feature = "gpu")]
+    owner: u64,
     len: usize,
     _element: PhantomData<T>,
     #[cfg(not(feature = "gpu"))]
@@ -122,10 +130,12 @@ impl Device {
     /// # Errors
     /// [`Error::NoDevice`] naming what is missing (driver, runtime compiler, device).
     pub fn open(ordinal: usize) -> Result<Device, Error> {
+        static OPENED: AtomicU64 = AtomicU64::new(0);
+        let id = OPENED.fetch_add(1, Ordering::Relaxed);
         match CudaDevice::open(ordinal) {
-            Ok(d) => Ok(Device { inner: Inner::Cuda(d) }),
+            Ok(d) => Ok(Device { inner: Inner::Cuda(d), id }),
             Err(cuda) => match super::hip::HipDevice::open(ordinal) {
-                Ok(d) => Ok(Device { inner: Inner::Hip(d) }),
+                Ok(d) => Ok(Device { inner: Inner::Hip(d), id }),
                 Err(hip) => Err(Error::NoDevice(format!("{}; {}", no_device_text(cuda), no_device_text(hip)))),
             },
         }
@@ -163,7 +173,7 @@ impl Device {
             Inner::Cuda(d) => Raw::Cuda(d.upload(bytes)?),
             Inner::Hip(d) => Raw::Hip(d.upload(bytes)?),
         };
-        Ok(DeviceBuffer { raw, len: host.len(), _element: PhantomData })
+        Ok(DeviceBuffer { raw, owner: self.id, len: host.len(), _element: PhantomData })
     }
 
     /// A device buffer of `len` zeros.
@@ -179,6 +189,7 @@ impl Device {
     /// # Errors
     /// [`Error::Gpu`] when the copy fails.
     pub fn download<T: bytemuck::Pod>(&self, buffer: &DeviceBuffer<T>) -> Result<Vec<T>, Error> {
+        self.check_owner(buffer)?;
         let mut host = vec![T::zeroed(); buffer.len];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut host);
         match (&self.inner, &buffer.raw) {
@@ -211,7 +222,18 @@ impl Device {
         }
     }
 
+    /// Buffers are used on the device (and stream) that allocated them only: another
+    /// device's queue would not wait for the work queued on theirs.
+    fn check_owner<T>(&self, buffer: &DeviceBuffer<T>) -> Result<(), Error> {
+        if buffer.owner == self.id {
+            Ok(())
+        } else {
+            Err(Error::Gpu("a buffer of another `Device` was passed: use the buffers of the device that runs the call".into()))
+        }
+    }
+
     fn address<T>(&self, buffer: &DeviceBuffer<T>) -> Result<u64, Error> {
+        self.check_owner(buffer)?;
         match (&self.inner, &buffer.raw) {
             (Inner::Cuda(d), Raw::Cuda(b)) => Ok(d.address(b)),
             (Inner::Hip(_), Raw::Hip(b)) => Ok(b.address()),

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Kernel time per call on the seed's small shapes, ours beside PyTorch's FA2 varlen and cuDNN,
+all measured the same way: Nsight Compute's `gpu__time_duration` of every kernel a call
+launches (ours: the attention kernel, plus the merge where the keys are split; cuDNN: its
+kernel plus its memset), no clock locking, no cache flushing, in one run on one GPU.
+
+Back-to-back event timings hide launch gaps but not host time: PyTorch's Python dispatch
+(25-40 µs) bounds its small-shape timings, so there only kernel time compares kernels.
+
+    python3 benches/kernel_times.py .gpu-bench/gpu-<hash> 0-3,11-15,20
+
+The first argument is the bench binary of `../shared/tools/gpu-bundle bench --bench gpu`.
+Prints a markdown table, then one JSON object per shape.
+"""
+import csv
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_sdpa import SHAPES, parse  # noqa: E402
+
+CALLS = 5
+NCU = ["ncu", "--csv", "--page", "raw", "--metrics", "gpu__time_duration.sum", "--clock-control", "none",
+       "--cache-control", "none"]
+
+
+def kernels(command, extra=(), env=None):
+    """(name, microseconds) of each kernel `command` launches under Nsight Compute, and the
+    command's other output lines."""
+    run = subprocess.run(NCU + list(extra) + command, capture_output=True, text=True, env=env)
+    rows = [line for line in run.stdout.splitlines() if line.startswith('"')]
+    other = [line for line in run.stdout.splitlines() if not line.startswith('"')]
+    if not rows:
+        sys.exit(f"ncu found no kernels in {command}:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+    table = list(csv.DictReader(io.StringIO("\n".join(rows))))
+    units = table[0]["gpu__time_duration.sum"]
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}[units]
+    return [(r["Kernel Name"], float(r["gpu__time_duration.sum"].replace(",", "")) * scale) for r in table[1:]], other
+
+
+def ours(binary, index):
+    """Our kernel time per call: the median attention kernel plus the median merge, if any."""
+    env = dict(os.environ, VARLEN_ATTN_BENCH_REPEATS=str(CALLS))
+    found, _ = kernels([binary, str(index)], ["-k", "regex:va_attention"], env)
+    attention = [us for name, us in found if "forward" in name]
+    merge = [us for name, us in found if "merge" in name]
+    return statistics.median(attention) + (statistics.median(merge) if merge else 0.0), len(merge) > 0
+
+
+def torch_worker(indices):
+    """Runs under ncu: CALLS calls per backend and shape inside profiler ranges."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    for index in indices:
+        heads, dim, length = SHAPES[index]
+        q, k, v = (torch.randn(length, heads, dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        cu = torch.tensor([0, length], dtype=torch.int32, device="cuda")
+        qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+
+        def fa2():
+            torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, length, length, 0.0, False, False)
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                F.scaled_dot_product_attention(qt, kt, vt)
+
+        for backend, call in (("fa2", fa2), ("cudnn", cudnn)):
+            try:
+                for _ in range(3):
+                    call()
+            except RuntimeError:
+                print(f"no-kernel {backend} {index}", flush=True)
+                continue
+            torch.cuda.synchronize()
+            torch.cuda.profiler.start()
+            for _ in range(CALLS):
+                call()
+            torch.cuda.synchronize()
+            torch.cuda.profiler.stop()
+
+
+def torch_times(indices):
+    """{shape: (FA2 µs, cuDNN µs or None)} per call: the profiled ranges hold CALLS FA2 calls
+    (kernels named flash) then CALLS cuDNN calls (every other kernel) per shape, in order,
+    but for backends that have no kernel for a shape."""
+    found, other = kernels([sys.executable, os.path.abspath(__file__), "--torch-worker", ",".join(map(str, indices))],
+                    ["--profile-from-start", "off"])
+    groups = []  # runs of consecutive kernels of one backend
+    for name, us in found:
+        backend = "fa2" if "flash_fwd" in name else "cudnn"  # FA2's kernels are flash_fwd_*
+        if groups and groups[-1][0] == backend:
+            groups[-1][1].append(us)
+        else:
+            groups.append((backend, [us]))
+    print("kernels:", sorted({name[:120] for name, _ in found}), file=sys.stderr)
+    missing = {tuple(line.split()[1:]) for line in other if line.startswith("no-kernel")}
+    expected = [(b, i) for i in indices for b in ("fa2", "cudnn") if (b, str(i)) not in missing]
+    if [g[0] for g in groups] != [b for b, _ in expected]:
+        sys.exit(f"unexpected kernel sequence: {[(g[0], len(g[1])) for g in groups]}, expected {expected}")
+    times = {(b, i): sum(g[1]) / CALLS for (b, i), g in zip(expected, groups)}
+    return {i: (times.get(("fa2", i)), times.get(("cudnn", i))) for i in indices}
+
+
+def main():
+    if sys.argv[1] == "--torch-worker":
+        torch_worker(parse(sys.argv[2]))
+        return
+    binary, indices = sys.argv[1], parse(sys.argv[2] if len(sys.argv) > 2 else "0-3,11-15,20")
+    theirs = torch_times(indices)
+    print("| # | H | D | L | ours µs | FA2 varlen µs | cuDNN µs | vs FA2 | vs cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    records = []
+    for index in indices:
+        heads, dim, length = SHAPES[index]
+        mine, split = ours(binary, index)
+        fa2, cudnn = theirs[index]
+        time = lambda us: "no kernel" if us is None else f"{us:.1f}"  # noqa: E731
+        ratio = lambda us: "-" if us is None else f"{us / mine:.2f}x"  # noqa: E731
+        print(f"| {index} | {heads} | {dim} | {length} | {mine:.1f}{' (split)' if split else ''} | {time(fa2)} | "
+              f"{time(cudnn)} | {ratio(fa2)} | {ratio(cudnn)} |", flush=True)
+        records.append({"shape": index, "ours_us": mine, "split": split, "fa2_us": fa2, "cudnn_us": cudnn})
+    for record in records:
+        print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
