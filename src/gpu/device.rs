@@ -228,7 +228,9 @@ impl Device {
         if buffer.owner == self.id {
             Ok(())
         } else {
-            Err(Error::Gpu("a buffer of another `Device` was passed: use the buffers of the device that runs the call".into()))
+            Err(Error::Gpu(
+                "a buffer of another `Device` was passed: use the buffers of the device that runs the call".into(),
+            ))
         }
     }
 
