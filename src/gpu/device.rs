@@ -42,7 +42,9 @@ enum Inner {
     Hip(super::hip::HipDevice),
 }
 
-/// Device memory holding `len` values of `T`.
+/// Device memory holding `len` values of `T`. It belongs to the [`Device`] that allocated it:
+/// calls on another `Device` (another queue, which would not wait for this one's work) refuse
+/// it with [`Error::Gpu`].
 pub struct DeviceBuffer<T> {
     #[cfg(feature = "gpu")]
     raw: Raw,
