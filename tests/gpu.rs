@@ -159,3 +159,22 @@ fn f32_is_refused_on_the_gpu_and_served_by_the_cpu_on_auto() {
     assert!(matches!(err, varlen_attn::Error::GpuUnsupported(_)), "{err}");
     assert!(varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 4], &[0, 4], &Params::default()).is_ok());
 }
+
+#[test]
+fn windows_wider_than_the_sequence_are_no_window_on_the_gpu() {
+    if device().is_none() {
+        return;
+    }
+    let shape = SEED_SHAPES[12];
+    let [q, k, v] = shape.random_inputs::<bf16>(5);
+    let cu = shape.cu_seqlens();
+    let gpu = Params { backend: Backend::Gpu, ..Params::default() };
+    let run = |p: &Params| varlen_attn::forward(q.view(), k.view(), v.view(), &cu, &cu, p).unwrap();
+    let full = run(&gpu);
+    // usize::MAX windows: row + offset + window must not wrap in the kernel.
+    let huge = Params { window_left: Some(usize::MAX), window_right: Some(usize::MAX), ..gpu.clone() };
+    assert_eq!(run(&huge), full);
+    let causal = run(&Params { causal: true, ..gpu.clone() });
+    assert_eq!(run(&Params { causal: true, window_left: Some(usize::MAX), ..gpu.clone() }), causal);
+    assert_ne!(causal, full);
+}

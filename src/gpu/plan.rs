@@ -300,7 +300,11 @@ impl Plan {
         };
 
         let (scale, softcap) = (problem.scale, problem.softcap.unwrap_or(0.0));
-        let window = |w: Option<usize>| w.map_or(-1, |w| w.min(i32::MAX as usize) as i32);
+        // A window wider than every query-key distance is no window: clamped to that width, so
+        // that the kernel's row + offset ± window cannot wrap (usize::MAX windows did, and
+        // masked every key).
+        let widest = (problem.total_q + cu_seqlens_k.last().map_or(0, |&t| t as usize)).min(i32::MAX as usize);
+        let window = |w: Option<usize>| w.map_or(-1, |w| w.min(widest) as i32);
         let mut params = KernelParams {
             q_token_stride: q.token as i64,
             q_head_stride: q.head as i64,
@@ -420,6 +424,21 @@ mod tests {
         // 10 pointers, 8 strides, 13 four-byte fields and the 195-entry array: no padding.
         assert_eq!(core::mem::size_of::<KernelParams>(), 80 + 64 + 4 * (13 + INLINE_METADATA));
         assert_eq!(core::mem::size_of::<KernelParams>() % 8, 0);
+    }
+
+    #[test]
+    fn windows_wider_than_every_distance_are_clamped() {
+        let cu = [0, 100];
+        let with = |params: &Params| {
+            let problem = Problem::new([100, 1, 72], [100, 1, 72], [100, 1, 72], &cu, &cu, params).unwrap();
+            let s = Strides { token: 72, head: 72 };
+            Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
+        };
+        let plain = with(&Params::default());
+        assert_eq!((plain.params.window_left, plain.params.window_right), (-1, -1));
+        // 100 queries + 100 keys: no distance reaches 200.
+        let huge = with(&Params { window_left: Some(usize::MAX), window_right: Some(7), ..Params::default() });
+        assert_eq!((huge.params.window_left, huge.params.window_right), (200, 7));
     }
 
     #[test]
