@@ -13,7 +13,7 @@ use common::cases::{case, check};
 use common::check_non_finite_inputs_stay_in_their_sequence;
 use half::{bf16, f16};
 use proptest::prelude::*;
-use varlen_attn::gpu::{forward_device, Device, DeviceTensor, DeviceTensorMut};
+use varlen_attn::gpu::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
 use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, CpuIsa, Params};
 
 /// The device, or `None` after printing (once) why there is none.
@@ -91,18 +91,22 @@ fn device_resident_api_matches_the_host_api() {
     );
     let mut out = device.zeros::<bf16>(q.len()).unwrap();
     let mut lse = device.zeros::<f32>(shape.tokens() * shape.num_heads).unwrap();
-    forward_device(
-        &device,
-        DeviceTensor::new(&qd, dims).unwrap(),
-        DeviceTensor::new(&kd, dims).unwrap(),
-        DeviceTensor::new(&vd, dims).unwrap(),
-        &cu,
-        &cu,
-        &Params::default(),
-        DeviceTensorMut::new(&mut out, dims).unwrap(),
-        Some(&mut lse),
-    )
-    .unwrap();
+    // The device call with these K and V, and the given Q buffer, cu_seqlens_q and outputs.
+    let call =
+        |q: &DeviceBuffer<bf16>, cu_q: &[i32], out: &mut DeviceBuffer<bf16>, lse: Option<&mut DeviceBuffer<f32>>| {
+            forward_device(
+                &device,
+                DeviceTensor::new(q, dims).unwrap(),
+                DeviceTensor::new(&kd, dims).unwrap(),
+                DeviceTensor::new(&vd, dims).unwrap(),
+                cu_q,
+                &cu,
+                &Params::default(),
+                DeviceTensorMut::new(out, dims).unwrap(),
+                lse,
+            )
+        };
+    call(&qd, &cu, &mut out, Some(&mut lse)).unwrap();
     let got = device.download(&out).unwrap();
     let host = varlen_attn::forward_with_lse(
         q.view(),
@@ -116,34 +120,12 @@ fn device_resident_api_matches_the_host_api() {
     assert_eq!(got, host.0.as_slice().unwrap());
     assert_eq!(device.download(&lse).unwrap(), host.1.as_slice().unwrap());
     // A bad cu_seqlens is refused before anything runs on the device.
-    let err = forward_device(
-        &device,
-        DeviceTensor::new(&qd, dims).unwrap(),
-        DeviceTensor::new(&kd, dims).unwrap(),
-        DeviceTensor::new(&vd, dims).unwrap(),
-        &[0, 5],
-        &cu,
-        &Params::default(),
-        DeviceTensorMut::new(&mut out, dims).unwrap(),
-        None,
-    )
-    .unwrap_err();
+    let err = call(&qd, &[0, 5], &mut out, None).unwrap_err();
     assert!(matches!(err, varlen_attn::Error::CuSeqlens { .. }), "{err}");
     // Buffers of another device (another queue) are refused, for the call and for downloads.
     let other = Device::open(0).unwrap();
     let foreign = other.upload(q.as_slice().unwrap()).unwrap();
-    let err = forward_device(
-        &device,
-        DeviceTensor::new(&foreign, dims).unwrap(),
-        DeviceTensor::new(&kd, dims).unwrap(),
-        DeviceTensor::new(&vd, dims).unwrap(),
-        &cu,
-        &cu,
-        &Params::default(),
-        DeviceTensorMut::new(&mut out, dims).unwrap(),
-        None,
-    )
-    .unwrap_err();
+    let err = call(&foreign, &cu, &mut out, None).unwrap_err();
     assert!(err.to_string().contains("another `Device`"), "{err}");
     assert!(device.download(&foreign).unwrap_err().to_string().contains("another `Device`"));
 }

@@ -8,6 +8,13 @@ use crate::problem::Problem;
 /// Dynamic shared memory a block may have on the GPUs we target (227 KiB on Hopper and A100).
 const MAX_SHARED_BYTES: usize = 227 * 1024;
 
+/// Whether `VARLEN_ATTN_GPU_STAGES=2` asks Hopper's kernel for two K/V stages (read once, not
+/// on every call's plan).
+fn two_stages_asked() -> bool {
+    static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ASKED.get_or_init(|| std::env::var("VARLEN_ATTN_GPU_STAGES").is_ok_and(|s| s == "2"))
+}
+
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
 
@@ -93,8 +100,7 @@ impl Variant {
                 // A third stage gives the copies more lead, where shared memory has room
                 // (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
                 let three = Variant { stages: 3, ..two };
-                let two_asked = std::env::var("VARLEN_ATTN_GPU_STAGES").is_ok_and(|s| s == "2");
-                if !two_asked && three.shared_bytes() <= MAX_SHARED_BYTES {
+                if !two_stages_asked() && three.shared_bytes() <= MAX_SHARED_BYTES {
                     three
                 } else {
                     two
@@ -303,7 +309,8 @@ impl Plan {
         // A window wider than every query-key distance is no window: clamped to that width, so
         // that the kernel's row + offset ± window cannot wrap (usize::MAX windows did, and
         // masked every key).
-        let widest = (problem.total_q + cu_seqlens_k.last().map_or(0, |&t| t as usize)).min(i32::MAX as usize);
+        let key_tokens = cu_seqlens_k.last().map_or(0, |&t| t as usize);
+        let widest = (problem.total_q + key_tokens).min(i32::MAX as usize);
         let window = |w: Option<usize>| w.map_or(-1, |w| w.min(widest) as i32);
         let mut params = KernelParams {
             q_token_stride: q.token as i64,
@@ -333,7 +340,6 @@ impl Plan {
             params.metadata[..metadata.len()].copy_from_slice(&metadata);
             params.inline_metadata = 1;
         }
-        let key_tokens = cu_seqlens_k.last().map_or(0, |&t| t as usize);
         Plan { variant, metadata, tiles, splits, key_tokens, kv_heads: problem.num_kv_heads, params }
     }
 
