@@ -61,6 +61,9 @@ pub(crate) struct Variant {
     pub q_in_registers: bool,
     /// Shared-memory stages of K and V: 2, or 3 on Hopper where they fit.
     pub stages: usize,
+    /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
+    /// sizeable share of the kernel's code, which small problems fetch cold).
+    pub softcap: bool,
     pub f16: bool,
     pub target: Target,
 }
@@ -94,6 +97,7 @@ impl Variant {
                     min_blocks: 1,
                     q_in_registers: false,
                     stages: 2,
+                    softcap: false,
                     f16,
                     target,
                 };
@@ -127,6 +131,7 @@ impl Variant {
                     min_blocks: 2,
                     q_in_registers,
                     stages: 2,
+                    softcap: false,
                     f16,
                     target,
                 }
@@ -150,7 +155,7 @@ impl Variant {
     }
 
     pub fn for_problem(problem: &Problem, f16: bool, target: Target) -> Self {
-        Self::new(problem.head_dim, problem.head_dim_v, f16, target)
+        Variant { softcap: problem.softcap.is_some(), ..Self::new(problem.head_dim, problem.head_dim_v, f16, target) }
     }
 
     /// The `-D` definitions the kernel source expects.
@@ -164,6 +169,7 @@ impl Variant {
             format!("-DVA_Q_IN_REGISTERS={}", u8::from(self.q_in_registers)),
             format!("-DVA_MIN_BLOCKS={}", self.min_blocks),
             format!("-DVA_STAGES={}", self.stages),
+            format!("-DVA_SOFTCAP={}", u8::from(self.softcap)),
         ];
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
@@ -448,6 +454,20 @@ mod tests {
     }
 
     #[test]
+    fn soft_cap_code_is_compiled_in_only_for_calls_with_a_cap() {
+        let cu = [0, 100];
+        let with = |params: &Params| {
+            let problem = Problem::new([100, 1, 72], [100, 1, 72], [100, 1, 72], &cu, &cu, params).unwrap();
+            let s = Strides { token: 72, head: 72 };
+            Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
+        };
+        let plain = with(&Params::default());
+        assert!(!plain.variant.softcap && plain.variant.defines().contains(&"-DVA_SOFTCAP=0".to_string()));
+        let capped = with(&Params { softcap: Some(30.0), ..Params::default() });
+        assert!(capped.variant.softcap && capped.variant.defines().contains(&"-DVA_SOFTCAP=1".to_string()));
+    }
+
+    #[test]
     fn tiles_count_each_sequence_and_skip_empty_ones() {
         let cu_q = [0, 64, 64, 130];
         let cu_k = [0, 10, 20, 30];
@@ -476,6 +496,7 @@ mod tests {
                 min_blocks: 2,
                 q_in_registers: true,
                 stages: 2,
+                softcap: false,
                 f16: false,
                 target: Target::Mma
             }

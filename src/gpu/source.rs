@@ -83,6 +83,9 @@ pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
                 all.push(Variant::new(d, dv, f16, target));
             }
         }
+        // The soft-cap code, compiled in only for calls that use it.
+        all.push(Variant { softcap: true, ..Variant::new(72, 72, false, target) });
+        all.push(Variant { softcap: true, ..Variant::new(128, 128, true, target) });
     }
     all
 }

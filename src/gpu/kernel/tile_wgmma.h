@@ -271,7 +271,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
     for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
     VaRows rows = va_rows(warp_first, g);
-    const float factor = p.softcap > 0.0f ? 1.0f : p.scale_log2;
+    const float factor = VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2;
     const int tiles = tile.j_end - tile.j_begin;
 
     if (tiles > 0) {
