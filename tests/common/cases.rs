@@ -42,9 +42,37 @@ fn length() -> impl Strategy<Value = usize> {
     ]
 }
 
+/// Lengths of long sequences: enough key tiles (four of 128 and more) that the GPU splits the
+/// keys of small batches across blocks, short enough for the f64 oracle (~0.5 GFLOP/s).
+fn long_length() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        3 => 500usize..=900,
+        1 => prop::sample::select(vec![0usize, 1, 129, 511, 512, 513, 640]),
+    ]
+}
+
+/// Head sizes up to 128 (the long cases' oracle time grows with them).
+fn narrow_head_dim() -> impl Strategy<Value = usize> {
+    prop_oneof![prop::sample::select(vec![64usize, 72, 80, 128]), 1usize..=128]
+}
+
+/// Problems of up to five sequences around the block edges.
 pub fn case() -> impl Strategy<Value = Case> {
-    (0usize..=5)
-        .prop_flat_map(|batch| {
+    case_of(0..=5, length, head_dim)
+}
+
+/// Problems of one or two long sequences.
+pub fn long_case() -> impl Strategy<Value = Case> {
+    case_of(1..=2, long_length, narrow_head_dim)
+}
+
+fn case_of<L: Strategy<Value = usize>, D: Strategy<Value = usize> + 'static>(
+    batch: std::ops::RangeInclusive<usize>,
+    length: fn() -> L,
+    head_dim: fn() -> D,
+) -> impl Strategy<Value = Case> {
+    batch
+        .prop_flat_map(move |batch| {
             let shapes = (
                 prop::collection::vec(length(), batch),
                 prop::collection::vec(length(), batch),
