@@ -58,6 +58,12 @@ fn encode_tensor_map(shape: &TensorMapShape, f16: bool) -> Option<TensorMap> {
     Some(TensorMap(map.opaque))
 }
 
+/// The two entry points of one compiled variant.
+struct Kernels {
+    attention: CudaFunction,
+    merge: CudaFunction,
+}
+
 /// One NVIDIA GPU with its stream and compiled kernels.
 pub(crate) struct CudaDevice {
     stream: Arc<CudaStream>,
@@ -69,7 +75,7 @@ pub(crate) struct CudaDevice {
     /// Whether Hopper's kernel may copy whole key tiles by TMA (`VARLEN_ATTN_GPU_TMA=0` turns it
     /// off, for comparisons; it then copies by cp.async only).
     tma: bool,
-    kernels: Mutex<HashMap<Variant, CudaFunction>>,
+    kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
     /// The key-split workspace, kept between calls.
     workspace: Workspace<CudaSlice<u8>>,
 }
@@ -147,8 +153,8 @@ impl CudaDevice {
         self.target
     }
 
-    /// The kernel of `variant`, compiled on first use.
-    fn kernel(&self, variant: Variant) -> Result<CudaFunction, Error> {
+    /// The kernels of `variant`, compiled on first use.
+    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
         let mut cache =
             self.kernels.lock().map_err(|_| Error::Gpu("the kernel cache was poisoned by a panic".into()))?;
         if let Some(k) = cache.get(&variant) {
@@ -180,20 +186,23 @@ impl CudaDevice {
         let module = self.stream.context().load_module(ptx).map_err(gpu_error("loading the compiled kernel"))?;
         let attention =
             module.load_function("va_attention_forward").map_err(gpu_error("finding va_attention_forward"))?;
+        let merge = module.load_function("va_attention_merge").map_err(gpu_error("finding va_attention_merge"))?;
         attention
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 variant.shared_bytes() as i32,
             )
             .map_err(gpu_error("raising the kernel's shared-memory limit"))?;
-        cache.insert(variant, attention.clone());
-        Ok(attention)
+        let kernels = Arc::new(Kernels { attention, merge });
+        cache.insert(variant, kernels.clone());
+        Ok(kernels)
     }
 
     /// Device memory of `bytes` bytes (contents unspecified).
-    /// A zero-filled allocation (the key-split workspace, whose counts start at zero).
-    fn alloc_zeroed(&self, bytes: usize) -> Result<CudaSlice<u8>, Error> {
-        self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(gpu_error("allocating device memory"))
+    pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>, Error> {
+        // SAFETY: u8 has no invalid bit patterns; every reader of the buffer writes it first or
+        // reads bytes the caller uploaded.
+        unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(gpu_error("allocating device memory"))
     }
 
     pub fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, Error> {
@@ -215,9 +224,9 @@ impl CudaDevice {
     /// Enqueues `plan` (whose tensor pointers are filled in) on the stream, copying its
     /// metadata over first unless it travels in the parameter block.
     pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
-        let kernel = self.kernel(plan.variant)?;
+        let kernels = self.kernels(plan.variant)?;
         let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
-        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc_zeroed(bytes))?;
+        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc(bytes))?;
         let params =
             plan.params_at(metadata.as_ref().map(|m| self.address(m)), workspace.buffer().map(|w| self.address(w)));
         if plan.tiles > 0 {
@@ -226,7 +235,7 @@ impl CudaDevice {
                 block_dim: (plan.variant.threads() as u32, 1, 1),
                 shared_mem_bytes: plan.variant.shared_bytes() as u32,
             };
-            let mut launch = self.stream.launch_builder(&kernel);
+            let mut launch = self.stream.launch_builder(&kernels.attention);
             launch.arg(&params);
             // Hopper's kernel also takes the tensor maps of K and V, and whether both encoded.
             let (maps, tma);
@@ -244,9 +253,18 @@ impl CudaDevice {
             }
             // SAFETY: the parameter block matches the kernel's struct; every pointer in it is a
             // live device allocation of the size the kernel indexes (validated shapes, strides
-            // and cu_seqlens; the workspace sized by the plan, its split counts zero), and the
-            // kernel stays in bounds of them. The temporaries are freed stream-ordered, after it.
+            // and cu_seqlens; the workspace sized by the plan), and the kernel stays in bounds
+            // of them. The temporaries are freed stream-ordered, after the kernels.
             unsafe { launch.launch(config) }.map_err(gpu_error("launching the attention kernel"))?;
+            if plan.splits > 1 {
+                let (blocks, threads) = plan.merge_grid();
+                let config =
+                    LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
+                let mut launch = self.stream.launch_builder(&kernels.merge);
+                launch.arg(&params);
+                // SAFETY: as above; the merge reads the workspace the first kernel wrote.
+                unsafe { launch.launch(config) }.map_err(gpu_error("launching the merge kernel"))?;
+            }
         }
         drop(metadata);
         Ok(())

@@ -35,7 +35,6 @@ struct Api {
     device_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> HipError,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> HipError,
     free: unsafe extern "C" fn(*mut c_void) -> HipError,
-    memset: unsafe extern "C" fn(*mut c_void, c_int, usize) -> HipError,
     memcpy_htod: unsafe extern "C" fn(*mut c_void, *const c_void, usize) -> HipError,
     memcpy_dtoh: unsafe extern "C" fn(*mut c_void, *const c_void, usize) -> HipError,
     stream_create: unsafe extern "C" fn(*mut Stream) -> HipError,
@@ -92,7 +91,6 @@ mod linked {
         pub fn hipDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: c_int) -> HipError;
         pub fn hipMalloc(pointer: *mut *mut c_void, bytes: usize) -> HipError;
         pub fn hipFree(pointer: *mut c_void) -> HipError;
-        pub fn hipMemset(pointer: *mut c_void, value: c_int, bytes: usize) -> HipError;
         pub fn hipMemcpyHtoD(dst: *mut c_void, src: *const c_void, bytes: usize) -> HipError;
         pub fn hipMemcpyDtoH(dst: *mut c_void, src: *const c_void, bytes: usize) -> HipError;
         pub fn hipStreamCreate(stream: *mut Stream) -> HipError;
@@ -180,7 +178,6 @@ impl Api {
             device_attribute: hip_fn!(hipDeviceGetAttribute),
             malloc: hip_fn!(hipMalloc),
             free: hip_fn!(hipFree),
-            memset: hip_fn!(hipMemset),
             memcpy_htod: hip_fn!(hipMemcpyHtoD),
             memcpy_dtoh: hip_fn!(hipMemcpyDtoH),
             stream_create: hip_fn!(hipStreamCreate),
@@ -241,14 +238,15 @@ impl Drop for HipBuffer {
     }
 }
 
-/// The attention kernel of one compiled variant.
-#[derive(Clone, Copy)]
-struct Kernel(Function);
+struct Kernels {
+    attention: Function,
+    merge: Function,
+}
 
 // SAFETY: HIP function handles may be launched from any thread.
-unsafe impl Send for Kernel {}
+unsafe impl Send for Kernels {}
 // SAFETY: as above.
-unsafe impl Sync for Kernel {}
+unsafe impl Sync for Kernels {}
 
 /// One AMD GPU with its stream and compiled kernels.
 pub(crate) struct HipDevice {
@@ -256,7 +254,7 @@ pub(crate) struct HipDevice {
     stream: Stream,
     name: String,
     multiprocessors: usize,
-    kernels: Mutex<HashMap<Variant, Kernel>>,
+    kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
     /// The key-split workspace, kept between calls.
     workspace: Workspace<HipBuffer>,
 }
@@ -316,19 +314,11 @@ impl HipDevice {
     }
 
     /// Device memory of `bytes` bytes (contents unspecified).
-    fn alloc(&self, bytes: usize) -> Result<HipBuffer, Error> {
+    pub fn alloc(&self, bytes: usize) -> Result<HipBuffer, Error> {
         let mut pointer = core::ptr::null_mut();
         // SAFETY: hipMalloc writes the new allocation's address into a valid out-pointer.
         unsafe { check("hipMalloc", (self.api.malloc)(&mut pointer, bytes.max(1)))? };
         Ok(HipBuffer { pointer, api: self.api.clone() })
-    }
-
-    /// A zero-filled allocation (the key-split workspace, whose counts start at zero).
-    fn alloc_zeroed(&self, bytes: usize) -> Result<HipBuffer, Error> {
-        let buffer = self.alloc(bytes)?;
-        // SAFETY: the fill writes `bytes` bytes into an allocation at least that large.
-        unsafe { check("hipMemset", (self.api.memset)(buffer.pointer, 0, bytes))? };
-        Ok(buffer)
     }
 
     pub fn upload(&self, bytes: &[u8]) -> Result<HipBuffer, Error> {
@@ -355,16 +345,16 @@ impl HipDevice {
         unsafe { check("hipStreamSynchronize", (self.api.stream_synchronize)(self.stream)) }
     }
 
-    /// The kernel of `variant`, compiled by hipRTC for this device on first use.
-    fn kernel(&self, variant: Variant) -> Result<Kernel, Error> {
+    /// The kernels of `variant`, compiled by hipRTC for this device on first use.
+    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
         let mut cache =
             self.kernels.lock().map_err(|_| Error::Gpu("the kernel cache was poisoned by a panic".into()))?;
         if let Some(k) = cache.get(&variant) {
-            return Ok(*k);
+            return Ok(k.clone());
         }
         let code = self.compile(&variant)?;
         let mut module: Module = core::ptr::null_mut();
-        let mut attention: Function = core::ptr::null_mut();
+        let (mut attention, mut merge): (Function, Function) = (core::ptr::null_mut(), core::ptr::null_mut());
         // SAFETY: `code` is a code object hipRTC produced; the names are NUL-terminated; the
         // attribute call names a function of the loaded module.
         unsafe {
@@ -372,6 +362,10 @@ impl HipDevice {
             check(
                 "hipModuleGetFunction",
                 (self.api.module_get_function)(&mut attention, module, c"va_attention_forward".as_ptr()),
+            )?;
+            check(
+                "hipModuleGetFunction",
+                (self.api.module_get_function)(&mut merge, module, c"va_attention_merge".as_ptr()),
             )?;
             check(
                 "hipFuncSetAttribute",
@@ -382,8 +376,9 @@ impl HipDevice {
                 ),
             )?;
         }
-        cache.insert(variant, Kernel(attention));
-        Ok(Kernel(attention))
+        let kernels = Arc::new(Kernels { attention, merge });
+        cache.insert(variant, kernels.clone());
+        Ok(kernels)
     }
 
     fn compile(&self, variant: &Variant) -> Result<Vec<u8>, Error> {
@@ -438,9 +433,9 @@ impl HipDevice {
     /// Enqueues `plan` on the stream, copying its metadata over first unless it travels in
     /// the parameter block (as for CUDA).
     pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
-        let kernel = self.kernel(plan.variant)?;
+        let kernels = self.kernels(plan.variant)?;
         let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
-        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc_zeroed(bytes))?;
+        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc(bytes))?;
         let mut params =
             plan.params_at(metadata.as_ref().map(HipBuffer::address), workspace.buffer().map(HipBuffer::address));
         let mut argument: *mut c_void = (&mut params as *mut super::plan::KernelParams).cast();
@@ -452,7 +447,7 @@ impl HipDevice {
                 check(
                     "launching the attention kernel",
                     (self.api.launch)(
-                        kernel.0,
+                        kernels.attention,
                         gx,
                         gy,
                         gz,
@@ -465,6 +460,25 @@ impl HipDevice {
                         core::ptr::null_mut(),
                     ),
                 )?;
+                if plan.splits > 1 {
+                    let (blocks, threads) = plan.merge_grid();
+                    check(
+                        "launching the merge kernel",
+                        (self.api.launch)(
+                            kernels.merge,
+                            blocks.max(1),
+                            1,
+                            1,
+                            threads,
+                            1,
+                            1,
+                            0,
+                            self.stream,
+                            &mut argument,
+                            core::ptr::null_mut(),
+                        ),
+                    )?;
+                }
             }
         }
         // The copied metadata must outlive the kernels: hipFree waits for the device first.

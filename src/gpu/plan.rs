@@ -204,7 +204,6 @@ pub(crate) struct KernelParams {
     pub lse: u64,
     pub partial_out: u64,
     pub partial_lse: u64,
-    pub split_counts: u64,
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
     pub tile_start: u64,
@@ -362,13 +361,12 @@ impl Plan {
         (self.params.inline_metadata == 0).then_some(&self.metadata)
     }
 
-    /// Bytes of the key-split workspace (f32 partial outputs, then partial LSEs, then a u32
-    /// count of finished splits per query tile and head); 0 when the keys are not split. The
-    /// counts must be zero when the buffer is first used: each launch leaves them so.
+    /// Bytes of the key-split workspace (f32 partial outputs, then partial LSEs); 0 when the
+    /// keys are not split.
     pub fn workspace_bytes(&self) -> usize {
         if self.splits > 1 {
-            let (out, lse, counts) = self.workspace_lens();
-            4 * (out + lse + counts)
+            let (out, lse) = self.partial_lens();
+            4 * (out + lse)
         } else {
             0
         }
@@ -386,10 +384,8 @@ impl Plan {
             params.tile_start = base + 8 * entries;
         }
         if let Some(base) = workspace {
-            let (out, lse, _) = self.workspace_lens();
             params.partial_out = base;
-            params.partial_lse = base + 4 * out as u64;
-            params.split_counts = base + 4 * (out + lse) as u64;
+            params.partial_lse = base + 4 * self.partial_lens().0 as u64;
         }
         params
     }
@@ -399,10 +395,10 @@ impl Plan {
         (self.tiles as u32, self.params.heads as u32, self.splits as u32)
     }
 
-    /// Four-byte elements of the split workspace: partial outputs, partial LSEs, counts.
-    fn workspace_lens(&self) -> (usize, usize, usize) {
+    /// f32 elements of the split workspace (partial outputs, then partial LSEs).
+    fn partial_lens(&self) -> (usize, usize) {
         let rows = self.splits * self.params.total_q as usize * self.params.heads as usize;
-        (rows * self.variant.head_dim_v_pad, rows, self.tiles * self.params.heads as usize)
+        (rows * self.variant.head_dim_v_pad, rows)
     }
 
     /// K's and V's shapes for their tensor maps (Hopper), given the boxes' key rows.
@@ -422,6 +418,12 @@ impl Plan {
             shape(p.v, p.head_dim_v, p.v_token_stride, p.v_head_stride),
         ]
     }
+
+    /// Threads of the merge kernel and its grid, one thread per output element.
+    pub fn merge_grid(&self) -> (u32, u32) {
+        let elements = self.params.total_q as usize * self.params.heads as usize * self.params.head_dim_v as usize;
+        (elements.div_ceil(256) as u32, 256)
+    }
 }
 
 #[cfg(test)]
@@ -431,8 +433,8 @@ mod tests {
 
     #[test]
     fn params_match_the_kernel_struct_layout() {
-        // 11 pointers, 8 strides, 13 four-byte fields and the 195-entry array: no padding.
-        assert_eq!(core::mem::size_of::<KernelParams>(), 88 + 64 + 4 * (13 + INLINE_METADATA));
+        // 10 pointers, 8 strides, 13 four-byte fields and the 195-entry array: no padding.
+        assert_eq!(core::mem::size_of::<KernelParams>(), 80 + 64 + 4 * (13 + INLINE_METADATA));
         assert_eq!(core::mem::size_of::<KernelParams>() % 8, 0);
     }
 
@@ -541,23 +543,20 @@ mod tests {
         assert_eq!((&copied[..101], &copied[101..202], &copied[202..]), (&cu_q[..], &cu_k[..], &cu_q[..]));
         let params = plan.params_at(Some(4096), None);
         assert_eq!((params.cu_seqlens_q, params.cu_seqlens_k, params.tile_start), (4096, 4096 + 404, 4096 + 808));
-        assert_eq!((params.partial_out, params.partial_lse, params.split_counts), (0, 0, 0));
+        assert_eq!((params.partial_out, params.partial_lse), (0, 0));
     }
 
     #[test]
-    fn the_split_workspace_holds_partial_outputs_then_partial_lses_then_counts() {
+    fn the_split_workspace_holds_partial_outputs_then_partial_lses() {
         let cu = [0, 720];
         let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
         let s = Strides { token: 288, head: 72 };
         let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
         let rows = plan.splits * 720 * 4;
         assert!(plan.splits > 1);
-        let counts = 720usize.div_ceil(plan.variant.block_m()) * 4;
-        assert_eq!(plan.workspace_bytes(), 4 * (rows * (80 + 1) + counts));
+        assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
         let params = plan.params_at(None, Some(1 << 20));
-        let lse = (1 << 20) + 4 * rows as u64 * 80;
-        assert_eq!((params.partial_out, params.partial_lse), (1 << 20, lse));
-        assert_eq!(params.split_counts, lse + 4 * rows as u64);
+        assert_eq!((params.partial_out, params.partial_lse), (1 << 20, (1 << 20) + 4 * rows as u64 * 80));
         assert_eq!(params.cu_seqlens_q, 0);
 
         let big = [0, 16384];

@@ -7,8 +7,8 @@
 // rows; K/V tiles of BLOCK_N keys stream through shared memory, double-buffered with
 // asynchronous copies; scores, the online softmax (base-2, scale folded in) and the output
 // accumulate in f32 registers; O and the LSE are written once. With key splits (small problems
-// that would leave the GPU idle), each split writes a partial result, and the last split of a
-// query tile to finish combines them by their LSE: one launch either way.
+// that would leave the GPU idle), each split writes a partial result and `va_attention_merge`
+// combines them by their LSE.
 //
 // This file holds what every target shares (parameters, scheduling, loads, the merge); the
 // tensor-core code of one tile (the score product, the softmax, the P·V update) is one of
@@ -85,7 +85,6 @@ struct VaParams {
     float* lse;              // [heads][total_q], or null
     float* partial_out;      // [splits][total_q][heads][VA_HEAD_DIM_V_PAD] with splits > 1
     float* partial_lse;      // [splits][heads][total_q] with splits > 1
-    unsigned* split_counts;  // [heads][query tiles] with splits > 1: splits done; 0 between launches
     const int* cu_seqlens_q;
     const int* cu_seqlens_k;
     const int* tile_start;   // [batch + 1]: first query tile of each sequence
@@ -190,66 +189,6 @@ VA_DEVICE bool va_tile_needs_mask(const VaParams& p, const VaTile& tile, int j, 
 #include "tile_mma.h"
 #endif
 
-// Synchronizes the computing threads (on Hopper the copying warpgroup does not take part).
-VA_DEVICE void va_sync_computing() {
-#if VA_WGMMA
-    va_named_sync(VA_MERGE_BARRIER, VA_THREADS);
-#else
-    va_syncthreads();
-#endif
-}
-
-// A load of data that other blocks of this launch wrote (they fenced, then counted; this block
-// saw the count, then fenced): from L2, past this multiprocessor's L1, on NVIDIA; AMD's fence
-// already invalidated L1.
-VA_DEVICE float va_load_shared_by_blocks(const float* address) {
-#if defined(VA_NVIDIA)
-    return __ldcg(address);
-#else
-    return *address;
-#endif
-}
-
-// After a split of a key-split query tile has written its partial O and LSE: the last split of
-// the tile to finish combines every split's, lse = log Σ exp(lse_s), out = Σ exp(lse_s - lse)
-// out_s, and resets the tile's count for the next launch (the classic fence-count-fence
-// pattern; no second kernel). `flag` is a word of shared memory the tile no longer uses.
-VA_DEVICE void va_merge_splits(const VaParams& p, const VaTile& tile, int tile_index, int* flag) {
-    __threadfence(); // this thread's partial writes reach the device before the count does
-    va_sync_computing();
-    if (threadIdx.x == 0) {
-        unsigned* count = p.split_counts + (va_i64)tile.head * gridDim.x + tile_index;
-        const bool last = atomicAdd(count, 1u) == (unsigned)p.splits - 1;
-        if (last) atomicExch(count, 0u);
-        *flag = last;
-    }
-    va_sync_computing();
-    if (!*flag) return;
-    __threadfence(); // the other splits' writes, counted before ours, are visible to our loads
-
-    const int rows = min(VA_BLOCK_M, tile.lq - tile.m0), columns = p.head_dim_v;
-    for (int e = threadIdx.x; e < rows * columns; e += VA_THREADS) {
-        const int row = e / columns, col = e % columns;
-        const int token = tile.q_start + tile.m0 + row;
-        const auto partial_lse = [&](int s) {
-            return va_load_shared_by_blocks(p.partial_lse + ((va_i64)s * p.heads + tile.head) * p.total_q + token);
-        };
-        float max_lse = VA_NEG_INF;
-        for (int s = 0; s < p.splits; ++s) max_lse = fmaxf(max_lse, partial_lse(s));
-        float total = 0.0f, acc = 0.0f;
-        if (max_lse != VA_NEG_INF) {
-            for (int s = 0; s < p.splits; ++s) {
-                const float w = exp2f((partial_lse(s) - max_lse) * VA_LOG2E);
-                total += w;
-                acc += w * va_load_shared_by_blocks(p.partial_out + (((va_i64)s * p.total_q + token) * p.heads + tile.head) * VA_HEAD_DIM_V_PAD + col);
-            }
-        }
-        const bool seen = total > 0.0f;
-        p.out[(va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride + col] = va_from_float(seen ? acc / total : 0.0f);
-        if (col == 0 && p.lse) p.lse[(va_i64)tile.head * p.total_q + token] = seen ? max_lse + logf(total) : VA_NEG_INF;
-    }
-}
-
 #if VA_WGMMA
 // Hopper also takes the tensor maps of K and V (boxes of 64 columns × 1 head × BLOCK_N tokens,
 // 128-byte swizzle), and whether the host could encode them (`tma`; else every copy is cp.async).
@@ -304,5 +243,28 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
 #else
     va_attention_tile_mma(p, tile, smem);
 #endif
-    if (p.splits > 1 && threadIdx.x < VA_THREADS) va_merge_splits(p, tile, tile_index, reinterpret_cast<int*>(smem));
+}
+
+// Combines the key splits of each (token, head): lse = log Σ exp(lse_s), out = Σ exp(lse_s -
+// lse) out_s. One thread per (token, head, column).
+extern "C" __global__ void va_attention_merge(VA_GRID_CONSTANT const VaParams p) {
+    const va_i64 index = (va_i64)blockIdx.x * blockDim.x + threadIdx.x;
+    const va_i64 columns = p.head_dim_v;
+    if (index >= (va_i64)p.total_q * p.heads * columns) return;
+    const int col = (int)(index % columns);
+    const int head = (int)((index / columns) % p.heads);
+    const int token = (int)(index / (columns * p.heads));
+    float max_lse = VA_NEG_INF;
+    for (int s = 0; s < p.splits; ++s) max_lse = fmaxf(max_lse, p.partial_lse[((va_i64)s * p.heads + head) * p.total_q + token]);
+    float total = 0.0f, acc = 0.0f;
+    if (max_lse != VA_NEG_INF) {
+        for (int s = 0; s < p.splits; ++s) {
+            const float w = exp2f((p.partial_lse[((va_i64)s * p.heads + head) * p.total_q + token] - max_lse) * VA_LOG2E);
+            total += w;
+            acc += w * p.partial_out[(((va_i64)s * p.total_q + token) * p.heads + head) * VA_HEAD_DIM_V_PAD + col];
+        }
+    }
+    const bool seen = total > 0.0f;
+    p.out[(va_i64)token * p.out_token_stride + (va_i64)head * p.out_head_stride + col] = va_from_float(seen ? acc / total : 0.0f);
+    if (col == 0 && p.lse) p.lse[(va_i64)head * p.total_q + token] = seen ? max_lse + logf(total) : VA_NEG_INF;
 }

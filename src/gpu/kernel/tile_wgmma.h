@@ -227,7 +227,6 @@ VA_DEVICE void va_release_stage(va_u64* empty, int i) {
 // a warpgroup issues its products only when the other has issued its own, so that one's
 // softmax runs while the other's products do. Barrier VA_TURN + g is warpgroup g's turn.
 #define VA_TURN 1
-#define VA_MERGE_BARRIER 3 // the computing threads, in the merge of key splits
 VA_DEVICE void va_take_turn(int group) { va_named_sync(VA_TURN + group, VA_THREADS); }
 VA_DEVICE void va_pass_turn(int group) { va_named_arrive(VA_TURN + (group ^ 1), VA_THREADS); }
 
