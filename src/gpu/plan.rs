@@ -8,11 +8,24 @@ use crate::problem::Problem;
 /// Dynamic shared memory a block may have on the GPUs we target (227 KiB on Hopper and A100).
 const MAX_SHARED_BYTES: usize = 227 * 1024;
 
-/// Whether `VARLEN_ATTN_GPU_STAGES=2` asks Hopper's kernel for two K/V stages (read once, not
-/// on every call's plan).
+/// The value of a tuning variable (read once per process, not on every call's plan):
+/// `VARLEN_ATTN_GPU_STAGES=2` (Hopper: two K/V stages), `VARLEN_ATTN_GPU_BLOCK_M=128` (Hopper:
+/// 128-row tiles for small problems too), `VARLEN_ATTN_GPU_SPLITS=n` (at most n key splits).
+fn tuning(name: &'static str) -> Option<usize> {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static VALUES: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
+    let values = VALUES.get_or_init(|| {
+        ["VARLEN_ATTN_GPU_STAGES", "VARLEN_ATTN_GPU_BLOCK_M", "VARLEN_ATTN_GPU_SPLITS"]
+            .into_iter()
+            .filter_map(|name| Some((name, std::env::var(name).ok()?.parse().ok()?)))
+            .collect()
+    });
+    values.get(name).copied()
+}
+
 fn two_stages_asked() -> bool {
-    static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASKED.get_or_init(|| std::env::var("VARLEN_ATTN_GPU_STAGES").is_ok_and(|s| s == "2"))
+    tuning("VARLEN_ATTN_GPU_STAGES") == Some(2)
 }
 
 /// Most key splits of one query tile.
@@ -88,7 +101,7 @@ impl Variant {
                 // heads take 64 keys, so that the double-buffered tiles stay within shared
                 // memory.
                 let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 128 } else { 64 };
-                let two = Variant {
+                Variant {
                     head_dim_pad,
                     head_dim_v_pad,
                     block_n,
@@ -100,15 +113,8 @@ impl Variant {
                     softcap: false,
                     f16,
                     target,
-                };
-                // A third stage gives the copies more lead, where shared memory has room
-                // (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
-                let three = Variant { stages: 3, ..two };
-                if !two_stages_asked() && three.shared_bytes() <= MAX_SHARED_BYTES {
-                    three
-                } else {
-                    two
                 }
+                .with_hopper_stages()
             }
             Target::Mma | Target::Mfma => {
                 let head_dim_v_pad = width(dv);
@@ -137,6 +143,23 @@ impl Variant {
                 }
             }
         }
+    }
+
+    /// Hopper: three K/V stages, which give the copies more lead, where shared memory has room
+    /// (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
+    fn with_hopper_stages(self) -> Self {
+        let three = Variant { stages: 3, ..self };
+        if !two_stages_asked() && three.shared_bytes() <= MAX_SHARED_BYTES {
+            three
+        } else {
+            Variant { stages: 2, ..self }
+        }
+    }
+
+    /// Hopper: one computing warpgroup, 64-row tiles (twice the blocks, for small problems).
+    pub fn with_one_warpgroup(self) -> Self {
+        debug_assert_eq!(self.target, Target::Wgmma);
+        Variant { warps: 4, ..self }.with_hopper_stages()
     }
 
     /// Query rows per block.
@@ -283,7 +306,18 @@ impl Plan {
         v: Strides,
         out: Strides,
     ) -> Plan {
-        let variant = Variant::for_problem(problem, f16, target);
+        let mut variant = Variant::for_problem(problem, f16, target);
+        // On Hopper, a problem whose 128-row tiles would not fill half the multiprocessors
+        // takes 64-row tiles (one computing warpgroup each): twice the blocks, each half the
+        // work, where a block's fixed cost is most of the time (`VARLEN_ATTN_GPU_BLOCK_M=128`
+        // keeps 128 rows, for comparisons).
+        if target == Target::Wgmma && tuning("VARLEN_ATTN_GPU_BLOCK_M") != Some(128) {
+            let tiles: usize =
+                (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(variant.block_m())).sum();
+            if 2 * tiles * problem.num_heads <= multiprocessors {
+                variant = variant.with_one_warpgroup();
+            }
+        }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
         metadata.extend_from_slice(cu_seqlens_q);
@@ -305,8 +339,9 @@ impl Plan {
         let blocks = tiles * problem.num_heads;
         let slots = multiprocessors * variant.min_blocks;
         let key_tiles = longest_keys.div_ceil(variant.block_n);
+        let max_splits = tuning("VARLEN_ATTN_GPU_SPLITS").unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
         let splits = if blocks > 0 && blocks < slots && key_tiles >= 4 {
-            (slots / blocks).min(key_tiles / 2).clamp(1, MAX_SPLITS)
+            (slots / blocks).min(key_tiles / 2).clamp(1, max_splits)
         } else {
             1
         };
@@ -581,5 +616,23 @@ mod tests {
         let problem =
             Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
         assert_eq!(Plan::new(&problem, false, Target::Mma, 132, s, s, s, s).splits, 1);
+    }
+
+    #[test]
+    fn hopper_takes_64_row_tiles_for_problems_that_would_not_fill_half_the_gpu() {
+        let s = Strides { token: 16 * 72, head: 72 };
+        let plan = |length: i32, heads: usize| {
+            let cu = [0, length];
+            let shape = [length as usize, heads, 72];
+            let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+            Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
+        };
+        // The seed's shape 11 (276 tokens, 4 heads): 3 tiles of 128 rows × 4 heads = 12 blocks.
+        let small = plan(276, 4);
+        assert_eq!((small.variant.block_m(), small.variant.threads(), small.tiles), (64, 256, 5));
+        assert!(small.variant.shared_bytes() < plan(8192, 16).variant.shared_bytes());
+        // Shape 0 (720 tokens, 16 heads): 96 blocks of 128 rows are more than half of 132.
+        let large = plan(720, 16);
+        assert_eq!((large.variant.block_m(), large.variant.threads(), large.tiles), (128, 384, 6));
     }
 }
