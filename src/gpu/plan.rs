@@ -473,14 +473,19 @@ mod tests {
         assert_eq!(core::mem::size_of::<KernelParams>() % 8, 0);
     }
 
+    /// The H200's plan (132 multiprocessors) for one sequence of `length` tokens, `heads` heads
+    /// of 72 columns.
+    fn hopper_plan(length: usize, heads: usize, params: &Params) -> Plan {
+        let cu = [0, length as i32];
+        let shape = [length, heads, 72];
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, params).unwrap();
+        let s = Strides { token: heads * 72, head: 72 };
+        Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
+    }
+
     #[test]
     fn windows_wider_than_every_distance_are_clamped() {
-        let cu = [0, 100];
-        let with = |params: &Params| {
-            let problem = Problem::new([100, 1, 72], [100, 1, 72], [100, 1, 72], &cu, &cu, params).unwrap();
-            let s = Strides { token: 72, head: 72 };
-            Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
-        };
+        let with = |params: &Params| hopper_plan(100, 1, params);
         let plain = with(&Params::default());
         assert_eq!((plain.params.window_left, plain.params.window_right), (-1, -1));
         // 100 queries + 100 keys: no distance reaches 200.
@@ -490,12 +495,7 @@ mod tests {
 
     #[test]
     fn soft_cap_code_is_compiled_in_only_for_calls_with_a_cap() {
-        let cu = [0, 100];
-        let with = |params: &Params| {
-            let problem = Problem::new([100, 1, 72], [100, 1, 72], [100, 1, 72], &cu, &cu, params).unwrap();
-            let s = Strides { token: 72, head: 72 };
-            Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
-        };
+        let with = |params: &Params| hopper_plan(100, 1, params);
         let plain = with(&Params::default());
         assert!(!plain.variant.softcap && plain.variant.defines().contains(&"-DVA_SOFTCAP=0".to_string()));
         let capped = with(&Params { softcap: Some(30.0), ..Params::default() });
@@ -620,13 +620,7 @@ mod tests {
 
     #[test]
     fn hopper_takes_64_row_tiles_for_problems_that_would_not_fill_half_the_gpu() {
-        let s = Strides { token: 16 * 72, head: 72 };
-        let plan = |length: i32, heads: usize| {
-            let cu = [0, length];
-            let shape = [length as usize, heads, 72];
-            let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
-            Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
-        };
+        let plan = |length, heads| hopper_plan(length, heads, &Params::default());
         // The seed's shape 11 (276 tokens, 4 heads): 3 tiles of 128 rows × 4 heads = 12 blocks.
         let small = plan(276, 4);
         assert_eq!((small.variant.block_m(), small.variant.threads(), small.tiles), (64, 256, 5));
