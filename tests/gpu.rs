@@ -49,12 +49,11 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
-    /// Long sequences in small batches: the keys are split across blocks, and the last split of
-    /// each query tile merges them (with windows and causal masks some splits see no key). The
-    /// cases run one after another, so each launch relies on the split counts the one before
-    /// left at zero.
+    /// Long sequences of one or two heads: the keys are split across blocks where that pays
+    /// (most single-head cases; see the plan's tests), and a second kernel merges the splits
+    /// (with windows and causal masks some splits see no key).
     #[test]
     fn key_split_problems_on_the_gpu_match_the_oracle(c in long_case()) {
         if device().is_some() {

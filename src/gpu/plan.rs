@@ -31,6 +31,11 @@ fn two_stages_asked() -> bool {
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
 
+/// Keys a split must spare each block before splitting pays for its partial outputs and the
+/// merge kernel (measured on the H200 with 64-row tiles: sparing 256 keys took shape 12 from
+/// 10.4 to 13.6 µs, sparing 512 took shape 13 from 13.4 to 17.6).
+const MIN_SPARED_KEYS: usize = 1024;
+
 /// Which tensor-core code a kernel is built for (one file of `kernel/` each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Target {
@@ -335,7 +340,8 @@ impl Plan {
         // Split the keys when the query tiles alone would leave multiprocessors idle, as many
         // ways as still fit in one wave of blocks (a second, mostly empty wave would double the
         // time: measured 56 µs for shape 0 split 3 ways into 288 blocks for 264 slots), each split
-        // keeping at least two key tiles to stream.
+        // keeping at least two key tiles to stream, and only where that spares the longest
+        // sequence's blocks MIN_SPARED_KEYS keys.
         let blocks = tiles * problem.num_heads;
         let slots = multiprocessors * variant.min_blocks;
         let key_tiles = longest_keys.div_ceil(variant.block_n);
@@ -345,6 +351,8 @@ impl Plan {
         } else {
             1
         };
+        let spared_keys = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n;
+        let splits = if spared_keys >= MIN_SPARED_KEYS { splits } else { 1 };
 
         let (scale, softcap) = (problem.scale, problem.softcap.unwrap_or(0.0));
         // A window wider than every query-key distance is no window: clamped to that width, so
@@ -473,19 +481,9 @@ mod tests {
         assert_eq!(core::mem::size_of::<KernelParams>() % 8, 0);
     }
 
-    /// The H200's plan (132 multiprocessors) for one sequence of `length` tokens, `heads` heads
-    /// of 72 columns.
-    fn hopper_plan(length: usize, heads: usize, params: &Params) -> Plan {
-        let cu = [0, length as i32];
-        let shape = [length, heads, 72];
-        let problem = Problem::new(shape, shape, shape, &cu, &cu, params).unwrap();
-        let s = Strides { token: heads * 72, head: 72 };
-        Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
-    }
-
     #[test]
     fn windows_wider_than_every_distance_are_clamped() {
-        let with = |params: &Params| hopper_plan(100, 1, params);
+        let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
         let plain = with(&Params::default());
         assert_eq!((plain.params.window_left, plain.params.window_right), (-1, -1));
         // 100 queries + 100 keys: no distance reaches 200.
@@ -495,7 +493,7 @@ mod tests {
 
     #[test]
     fn soft_cap_code_is_compiled_in_only_for_calls_with_a_cap() {
-        let with = |params: &Params| hopper_plan(100, 1, params);
+        let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
         let plain = with(&Params::default());
         assert!(!plain.variant.softcap && plain.variant.defines().contains(&"-DVA_SOFTCAP=0".to_string()));
         let capped = with(&Params { softcap: Some(30.0), ..Params::default() });
@@ -581,46 +579,59 @@ mod tests {
         assert_eq!((params.partial_out, params.partial_lse), (0, 0));
     }
 
+    /// One sequence of `length` tokens and `heads` heads of 72 columns, planned for 132
+    /// multiprocessors (an H200).
+    fn plan_one(target: Target, length: usize, heads: usize) -> Plan {
+        plan_with(target, length, heads, &Params::default())
+    }
+
+    fn plan_with(target: Target, length: usize, heads: usize, params: &Params) -> Plan {
+        let cu = [0, length as i32];
+        let shape = [length, heads, 72];
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, params).unwrap();
+        let s = Strides { token: heads * 72, head: 72 };
+        Plan::new(&problem, false, target, 132, s, s, s, s)
+    }
+
     #[test]
     fn the_split_workspace_holds_partial_outputs_then_partial_lses() {
-        let cu = [0, 720];
-        let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
-        let s = Strides { token: 288, head: 72 };
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
-        let rows = plan.splits * 720 * 4;
+        let plan = plan_one(Target::Mma, 4096, 1);
+        let rows = plan.splits * 4096;
         assert!(plan.splits > 1);
         assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
         let params = plan.params_at(None, Some(1 << 20));
         assert_eq!((params.partial_out, params.partial_lse), (1 << 20, (1 << 20) + 4 * rows as u64 * 80));
         assert_eq!(params.cu_seqlens_q, 0);
-
-        let big = [0, 16384];
-        let problem =
-            Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
-        assert_eq!(Plan::new(&problem, false, Target::Mma, 132, s, s, s, s).workspace_bytes(), 0);
+        assert_eq!(plan_one(Target::Mma, 16384, 16).workspace_bytes(), 0);
     }
 
     #[test]
     fn small_problems_with_long_keys_are_split() {
-        let cu = [0, 720];
-        let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
-        let s = Strides { token: 288, head: 72 };
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
-        assert!(plan.splits > 1 && plan.splits <= 720usize.div_ceil(64) / 2, "{}", plan.splits);
-        // The seed's shape 0: 6 tiles × 16 heads = 96 blocks; 2 splits fill one wave of 264.
-        let problem = Problem::new([720, 16, 72], [720, 16, 72], [720, 16, 72], &cu, &cu, &Params::default()).unwrap();
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
-        assert_eq!(plan.splits, 2);
-        assert!(plan.grid().0 as usize * 16 * plan.splits <= 2 * 132);
-        let big = [0, 16384];
-        let problem =
-            Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
-        assert_eq!(Plan::new(&problem, false, Target::Mma, 132, s, s, s, s).splits, 1);
+        // One head of 4096 tokens: 32 tiles of 128 rows for 264 slots, 64 key tiles of 64.
+        let plan = plan_one(Target::Mma, 4096, 1);
+        assert_eq!(plan.splits, 8);
+        assert!(plan.grid().0 as usize * plan.splits <= 2 * 132);
+        // Hopper: 64 tiles of 64 rows, 32 key tiles of 128: two splits spare 2048 keys.
+        assert_eq!(plan_one(Target::Wgmma, 4096, 1).splits, 2);
+        // The shortest single-head case of tests/gpu.rs's key-split suite splits on both.
+        assert_eq!((plan_one(Target::Wgmma, 1500, 1).splits, plan_one(Target::Mma, 1500, 1).splits), (5, 12));
+        // Problems that fill the GPU are not split.
+        assert_eq!(plan_one(Target::Mma, 16384, 16).splits, 1);
+        assert_eq!(plan_one(Target::Wgmma, 16384, 16).splits, 1);
+    }
+
+    #[test]
+    fn splits_that_spare_fewer_than_min_spared_keys_are_not_made() {
+        // The seed's shapes 12 and 13 on Hopper (measured slower split), and shape 0 with
+        // `mma.sync` (two splits of 12 key tiles spare 384 keys).
+        assert_eq!(plan_one(Target::Wgmma, 600, 4).splits, 1);
+        assert_eq!(plan_one(Target::Wgmma, 1012, 4).splits, 1);
+        assert_eq!(plan_one(Target::Mma, 720, 16).splits, 1);
     }
 
     #[test]
     fn hopper_takes_64_row_tiles_for_problems_that_would_not_fill_half_the_gpu() {
-        let plan = |length, heads| hopper_plan(length, heads, &Params::default());
+        let plan = |length, heads| plan_one(Target::Wgmma, length, heads);
         // The seed's shape 11 (276 tokens, 4 heads): 3 tiles of 128 rows × 4 heads = 12 blocks.
         let small = plan(276, 4);
         assert_eq!((small.variant.block_m(), small.variant.threads(), small.tiles), (64, 256, 5));
