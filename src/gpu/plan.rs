@@ -640,4 +640,18 @@ mod tests {
         let large = plan(720, 16);
         assert_eq!((large.variant.block_m(), large.variant.threads(), large.tiles), (128, 384, 6));
     }
+
+    #[test]
+    fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_no_key_splits() {
+        // The configuration BENCHMARKS.md measured: 64-row tiles for shapes 11-14 and 20.
+        for shape in crate::workloads::SEED_SHAPES {
+            let cu = shape.cu_seqlens();
+            let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
+            let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
+            let s = Strides { token: shape.num_heads * shape.head_dim, head: shape.head_dim };
+            let plan = Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s);
+            let block_m = if [11, 12, 13, 14, 20].contains(&shape.index) { 64 } else { 128 };
+            assert_eq!((plan.variant.block_m(), plan.splits), (block_m, 1), "shape {}", shape.index);
+        }
+    }
 }
