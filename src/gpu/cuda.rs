@@ -161,10 +161,12 @@ impl CudaDevice {
             return Ok(k.clone());
         }
         let (major, minor) = self.capability;
-        let options = cudarc::nvrtc::CompileOptions {
-            options: source::nvrtc_options(&variant, major, minor),
-            ..Default::default()
-        };
+        let mut options = source::nvrtc_options(&variant, major, minor);
+        // For tuning: VARLEN_ATTN_GPU_DEFINES="-DVA_X=1 ..." adds definitions to every variant.
+        if let Ok(extra) = std::env::var("VARLEN_ATTN_GPU_DEFINES") {
+            options.extend(extra.split_whitespace().map(String::from));
+        }
+        let options = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(source::kernel_source(), options)
             .map_err(|e| Error::Gpu(format!("NVRTC could not compile the kernel for {variant:?}: {e}")))?;
         // For tuning: VARLEN_ATTN_DUMP_PTX=folder keeps each variant's PTX (for `ptxas -v`).

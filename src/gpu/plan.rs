@@ -8,15 +8,33 @@ use crate::problem::Problem;
 /// Dynamic shared memory a block may have on the GPUs we target (227 KiB on Hopper and A100).
 const MAX_SHARED_BYTES: usize = 227 * 1024;
 
-/// Whether `VARLEN_ATTN_GPU_STAGES=2` asks Hopper's kernel for two K/V stages (read once, not
-/// on every call's plan).
+/// The value of a tuning variable (read once per process, not on every call's plan):
+/// `VARLEN_ATTN_GPU_STAGES=2` (Hopper: two K/V stages), `VARLEN_ATTN_GPU_BLOCK_M=128` (Hopper:
+/// 128-row tiles for small problems too), `VARLEN_ATTN_GPU_SPLITS=n` (at most n key splits).
+fn tuning(name: &'static str) -> Option<usize> {
+    use std::collections::HashMap;
+    use std::sync::OnceLock;
+    static VALUES: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
+    let values = VALUES.get_or_init(|| {
+        ["VARLEN_ATTN_GPU_STAGES", "VARLEN_ATTN_GPU_BLOCK_M", "VARLEN_ATTN_GPU_SPLITS"]
+            .into_iter()
+            .filter_map(|name| Some((name, std::env::var(name).ok()?.parse().ok()?)))
+            .collect()
+    });
+    values.get(name).copied()
+}
+
 fn two_stages_asked() -> bool {
-    static ASKED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ASKED.get_or_init(|| std::env::var("VARLEN_ATTN_GPU_STAGES").is_ok_and(|s| s == "2"))
+    tuning("VARLEN_ATTN_GPU_STAGES") == Some(2)
 }
 
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
+
+/// Keys a split must spare each block before splitting pays for its partial outputs and the
+/// merge kernel (measured on the H200 with 64-row tiles: sparing 256 keys took shape 12 from
+/// 10.4 to 13.6 µs, sparing 512 took shape 13 from 13.4 to 17.6).
+const MIN_SPARED_KEYS: usize = 1024;
 
 /// Which tensor-core code a kernel is built for (one file of `kernel/` each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +79,9 @@ pub(crate) struct Variant {
     pub q_in_registers: bool,
     /// Shared-memory stages of K and V: 2, or 3 on Hopper where they fit.
     pub stages: usize,
+    /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
+    /// sizeable share of the kernel's code, which small problems fetch cold).
+    pub softcap: bool,
     pub f16: bool,
     pub target: Target,
 }
@@ -85,7 +106,7 @@ impl Variant {
                 // heads take 64 keys, so that the double-buffered tiles stay within shared
                 // memory.
                 let block_n = if head_dim_pad.max(head_dim_v_pad) <= 128 { 128 } else { 64 };
-                let two = Variant {
+                Variant {
                     head_dim_pad,
                     head_dim_v_pad,
                     block_n,
@@ -94,17 +115,11 @@ impl Variant {
                     min_blocks: 1,
                     q_in_registers: false,
                     stages: 2,
+                    softcap: false,
                     f16,
                     target,
-                };
-                // A third stage gives the copies more lead, where shared memory has room
-                // (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
-                let three = Variant { stages: 3, ..two };
-                if !two_stages_asked() && three.shared_bytes() <= MAX_SHARED_BYTES {
-                    three
-                } else {
-                    two
                 }
+                .with_hopper_stages()
             }
             Target::Mma | Target::Mfma => {
                 let head_dim_v_pad = width(dv);
@@ -127,11 +142,29 @@ impl Variant {
                     min_blocks: 2,
                     q_in_registers,
                     stages: 2,
+                    softcap: false,
                     f16,
                     target,
                 }
             }
         }
+    }
+
+    /// Hopper: three K/V stages, which give the copies more lead, where shared memory has room
+    /// (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
+    fn with_hopper_stages(self) -> Self {
+        let three = Variant { stages: 3, ..self };
+        if !two_stages_asked() && three.shared_bytes() <= MAX_SHARED_BYTES {
+            three
+        } else {
+            Variant { stages: 2, ..self }
+        }
+    }
+
+    /// Hopper: one computing warpgroup, 64-row tiles (twice the blocks, for small problems).
+    pub fn with_one_warpgroup(self) -> Self {
+        debug_assert_eq!(self.target, Target::Wgmma);
+        Variant { warps: 4, ..self }.with_hopper_stages()
     }
 
     /// Query rows per block.
@@ -150,7 +183,7 @@ impl Variant {
     }
 
     pub fn for_problem(problem: &Problem, f16: bool, target: Target) -> Self {
-        Self::new(problem.head_dim, problem.head_dim_v, f16, target)
+        Variant { softcap: problem.softcap.is_some(), ..Self::new(problem.head_dim, problem.head_dim_v, f16, target) }
     }
 
     /// The `-D` definitions the kernel source expects.
@@ -164,6 +197,7 @@ impl Variant {
             format!("-DVA_Q_IN_REGISTERS={}", u8::from(self.q_in_registers)),
             format!("-DVA_MIN_BLOCKS={}", self.min_blocks),
             format!("-DVA_STAGES={}", self.stages),
+            format!("-DVA_SOFTCAP={}", u8::from(self.softcap)),
         ];
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
@@ -277,7 +311,18 @@ impl Plan {
         v: Strides,
         out: Strides,
     ) -> Plan {
-        let variant = Variant::for_problem(problem, f16, target);
+        let mut variant = Variant::for_problem(problem, f16, target);
+        // On Hopper, a problem whose 128-row tiles would not fill half the multiprocessors
+        // takes 64-row tiles (one computing warpgroup each): twice the blocks, each half the
+        // work, where a block's fixed cost is most of the time (`VARLEN_ATTN_GPU_BLOCK_M=128`
+        // keeps 128 rows, for comparisons).
+        if target == Target::Wgmma && tuning("VARLEN_ATTN_GPU_BLOCK_M") != Some(128) {
+            let tiles: usize =
+                (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(variant.block_m())).sum();
+            if 2 * tiles * problem.num_heads <= multiprocessors {
+                variant = variant.with_one_warpgroup();
+            }
+        }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
         metadata.extend_from_slice(cu_seqlens_q);
@@ -295,15 +340,19 @@ impl Plan {
         // Split the keys when the query tiles alone would leave multiprocessors idle, as many
         // ways as still fit in one wave of blocks (a second, mostly empty wave would double the
         // time: measured 56 µs for shape 0 split 3 ways into 288 blocks for 264 slots), each split
-        // keeping at least two key tiles to stream.
+        // keeping at least two key tiles to stream, and only where that spares the longest
+        // sequence's blocks MIN_SPARED_KEYS keys.
         let blocks = tiles * problem.num_heads;
         let slots = multiprocessors * variant.min_blocks;
         let key_tiles = longest_keys.div_ceil(variant.block_n);
+        let max_splits = tuning("VARLEN_ATTN_GPU_SPLITS").unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
         let splits = if blocks > 0 && blocks < slots && key_tiles >= 4 {
-            (slots / blocks).min(key_tiles / 2).clamp(1, MAX_SPLITS)
+            (slots / blocks).min(key_tiles / 2).clamp(1, max_splits)
         } else {
             1
         };
+        let spared_keys = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n;
+        let splits = if spared_keys >= MIN_SPARED_KEYS { splits } else { 1 };
 
         let (scale, softcap) = (problem.scale, problem.softcap.unwrap_or(0.0));
         // A window wider than every query-key distance is no window: clamped to that width, so
@@ -434,17 +483,21 @@ mod tests {
 
     #[test]
     fn windows_wider_than_every_distance_are_clamped() {
-        let cu = [0, 100];
-        let with = |params: &Params| {
-            let problem = Problem::new([100, 1, 72], [100, 1, 72], [100, 1, 72], &cu, &cu, params).unwrap();
-            let s = Strides { token: 72, head: 72 };
-            Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s)
-        };
+        let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
         let plain = with(&Params::default());
         assert_eq!((plain.params.window_left, plain.params.window_right), (-1, -1));
         // 100 queries + 100 keys: no distance reaches 200.
         let huge = with(&Params { window_left: Some(usize::MAX), window_right: Some(7), ..Params::default() });
         assert_eq!((huge.params.window_left, huge.params.window_right), (200, 7));
+    }
+
+    #[test]
+    fn soft_cap_code_is_compiled_in_only_for_calls_with_a_cap() {
+        let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
+        let plain = with(&Params::default());
+        assert!(!plain.variant.softcap && plain.variant.defines().contains(&"-DVA_SOFTCAP=0".to_string()));
+        let capped = with(&Params { softcap: Some(30.0), ..Params::default() });
+        assert!(capped.variant.softcap && capped.variant.defines().contains(&"-DVA_SOFTCAP=1".to_string()));
     }
 
     #[test]
@@ -476,6 +529,7 @@ mod tests {
                 min_blocks: 2,
                 q_in_registers: true,
                 stages: 2,
+                softcap: false,
                 f16: false,
                 target: Target::Mma
             }
@@ -525,40 +579,79 @@ mod tests {
         assert_eq!((params.partial_out, params.partial_lse), (0, 0));
     }
 
+    /// One sequence of `length` tokens and `heads` heads of 72 columns, planned for 132
+    /// multiprocessors (an H200).
+    fn plan_one(target: Target, length: usize, heads: usize) -> Plan {
+        plan_with(target, length, heads, &Params::default())
+    }
+
+    fn plan_with(target: Target, length: usize, heads: usize, params: &Params) -> Plan {
+        let cu = [0, length as i32];
+        let shape = [length, heads, 72];
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, params).unwrap();
+        let s = Strides { token: heads * 72, head: 72 };
+        Plan::new(&problem, false, target, 132, s, s, s, s)
+    }
+
     #[test]
     fn the_split_workspace_holds_partial_outputs_then_partial_lses() {
-        let cu = [0, 720];
-        let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
-        let s = Strides { token: 288, head: 72 };
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
-        let rows = plan.splits * 720 * 4;
+        let plan = plan_one(Target::Mma, 4096, 1);
+        let rows = plan.splits * 4096;
         assert!(plan.splits > 1);
         assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
         let params = plan.params_at(None, Some(1 << 20));
         assert_eq!((params.partial_out, params.partial_lse), (1 << 20, (1 << 20) + 4 * rows as u64 * 80));
         assert_eq!(params.cu_seqlens_q, 0);
-
-        let big = [0, 16384];
-        let problem =
-            Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
-        assert_eq!(Plan::new(&problem, false, Target::Mma, 132, s, s, s, s).workspace_bytes(), 0);
+        assert_eq!(plan_one(Target::Mma, 16384, 16).workspace_bytes(), 0);
     }
 
     #[test]
     fn small_problems_with_long_keys_are_split() {
-        let cu = [0, 720];
-        let problem = Problem::new([720, 4, 72], [720, 4, 72], [720, 4, 72], &cu, &cu, &Params::default()).unwrap();
-        let s = Strides { token: 288, head: 72 };
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
-        assert!(plan.splits > 1 && plan.splits <= 720usize.div_ceil(64) / 2, "{}", plan.splits);
-        // The seed's shape 0: 6 tiles × 16 heads = 96 blocks; 2 splits fill one wave of 264.
-        let problem = Problem::new([720, 16, 72], [720, 16, 72], [720, 16, 72], &cu, &cu, &Params::default()).unwrap();
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
-        assert_eq!(plan.splits, 2);
-        assert!(plan.grid().0 as usize * 16 * plan.splits <= 2 * 132);
-        let big = [0, 16384];
-        let problem =
-            Problem::new([16384, 16, 72], [16384, 16, 72], [16384, 16, 72], &big, &big, &Params::default()).unwrap();
-        assert_eq!(Plan::new(&problem, false, Target::Mma, 132, s, s, s, s).splits, 1);
+        // One head of 4096 tokens: 32 tiles of 128 rows for 264 slots, 64 key tiles of 64.
+        let plan = plan_one(Target::Mma, 4096, 1);
+        assert_eq!(plan.splits, 8);
+        assert!(plan.grid().0 as usize * plan.splits <= 2 * 132);
+        // Hopper: 64 tiles of 64 rows, 32 key tiles of 128: two splits spare 2048 keys.
+        assert_eq!(plan_one(Target::Wgmma, 4096, 1).splits, 2);
+        // The shortest single-head case of tests/gpu.rs's key-split suite splits on both.
+        assert_eq!((plan_one(Target::Wgmma, 1500, 1).splits, plan_one(Target::Mma, 1500, 1).splits), (5, 12));
+        // Problems that fill the GPU are not split.
+        assert_eq!(plan_one(Target::Mma, 16384, 16).splits, 1);
+        assert_eq!(plan_one(Target::Wgmma, 16384, 16).splits, 1);
+    }
+
+    #[test]
+    fn splits_that_spare_fewer_than_min_spared_keys_are_not_made() {
+        // The seed's shapes 12 and 13 on Hopper (measured slower split), and shape 0 with
+        // `mma.sync` (two splits of 12 key tiles spare 384 keys).
+        assert_eq!(plan_one(Target::Wgmma, 600, 4).splits, 1);
+        assert_eq!(plan_one(Target::Wgmma, 1012, 4).splits, 1);
+        assert_eq!(plan_one(Target::Mma, 720, 16).splits, 1);
+    }
+
+    #[test]
+    fn hopper_takes_64_row_tiles_for_problems_that_would_not_fill_half_the_gpu() {
+        let plan = |length, heads| plan_one(Target::Wgmma, length, heads);
+        // The seed's shape 11 (276 tokens, 4 heads): 3 tiles of 128 rows × 4 heads = 12 blocks.
+        let small = plan(276, 4);
+        assert_eq!((small.variant.block_m(), small.variant.threads(), small.tiles), (64, 256, 5));
+        assert!(small.variant.shared_bytes() < plan(8192, 16).variant.shared_bytes());
+        // Shape 0 (720 tokens, 16 heads): 96 blocks of 128 rows are more than half of 132.
+        let large = plan(720, 16);
+        assert_eq!((large.variant.block_m(), large.variant.threads(), large.tiles), (128, 384, 6));
+    }
+
+    #[test]
+    fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_no_key_splits() {
+        // The configuration BENCHMARKS.md measured: 64-row tiles for shapes 11-14 and 20.
+        for shape in crate::workloads::SEED_SHAPES {
+            let cu = shape.cu_seqlens();
+            let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
+            let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
+            let s = Strides { token: shape.num_heads * shape.head_dim, head: shape.head_dim };
+            let plan = Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s);
+            let block_m = if [11, 12, 13, 14, 20].contains(&shape.index) { 64 } else { 128 };
+            assert_eq!((plan.variant.block_m(), plan.splits), (block_m, 1), "shape {}", shape.index);
+        }
     }
 }

@@ -42,14 +42,46 @@ fn length() -> impl Strategy<Value = usize> {
     ]
 }
 
+/// Lengths of long sequences: enough keys that the GPU splits one or two heads' keys across
+/// blocks (a split must spare each block 1024 keys), few enough for the f64 oracle (~0.5
+/// GFLOP/s).
+fn long_length() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        3 => 1500usize..=2600,
+        1 => prop::sample::select(vec![0usize, 1, 129, 511, 512, 513, 640]),
+    ]
+}
+
+/// Head sizes up to 128 (the long cases' oracle time grows with them).
+fn narrow_head_dim() -> impl Strategy<Value = usize> {
+    prop_oneof![prop::sample::select(vec![64usize, 72, 80, 128]), 1usize..=128]
+}
+
+/// Problems of up to five sequences around the block edges, up to two KV heads of up to three
+/// query heads each.
 pub fn case() -> impl Strategy<Value = Case> {
-    (0usize..=5)
-        .prop_flat_map(|batch| {
+    case_of(0..=5, length, head_dim, 1..=2, vec![1, 2, 3])
+}
+
+/// Problems of one or two long sequences, one KV head of one or two query heads.
+pub fn long_case() -> impl Strategy<Value = Case> {
+    case_of(1..=2, long_length, narrow_head_dim, 1..=1, vec![1, 2])
+}
+
+fn case_of<L: Strategy<Value = usize>, D: Strategy<Value = usize> + 'static>(
+    batch: std::ops::RangeInclusive<usize>,
+    length: fn() -> L,
+    head_dim: fn() -> D,
+    kv_heads: std::ops::RangeInclusive<usize>,
+    groups: Vec<usize>,
+) -> impl Strategy<Value = Case> {
+    batch
+        .prop_flat_map(move |batch| {
             let shapes = (
                 prop::collection::vec(length(), batch),
                 prop::collection::vec(length(), batch),
-                1usize..=2,
-                prop::sample::select(vec![1usize, 2, 3]),
+                kv_heads.clone(),
+                prop::sample::select(groups.clone()),
                 head_dim(),
                 prop_oneof![Just(None), head_dim().prop_map(Some)],
             );

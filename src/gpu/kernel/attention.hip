@@ -23,7 +23,8 @@
 // BLOCK_M is VA_WARPS times that), VA_Q_IN_REGISTERS (mma.sync: 0 re-reads Q's fragments from
 // shared memory, for wide heads), VA_WGMMA (1: the Hopper tile), VA_MIN_BLOCKS (blocks per
 // multiprocessor the register budget must allow), VA_STAGES (Hopper: shared-memory stages of K
-// and V, 2 or 3).
+// and V, 2 or 3), VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that
+// have one).
 
 #include "portability.h"
 
@@ -50,6 +51,9 @@
 #endif
 #ifndef VA_MIN_BLOCKS
 #define VA_MIN_BLOCKS 1
+#endif
+#ifndef VA_SOFTCAP
+#define VA_SOFTCAP 1
 #endif
 #ifndef VA_STAGES
 #define VA_STAGES 2
@@ -148,18 +152,31 @@ struct VaTile {
     int kv_head;
 };
 
-// Whether key `key` is visible from query row `row` (within the sequence, inside the window).
+// The keys [first, last] visible from query row `row`: within the sequence, inside the window.
+struct VaVisible {
+    int first, last;
+};
+VA_DEVICE VaVisible va_visible_keys(const VaParams& p, const VaTile& tile, int row) {
+    // In 64 bits: row + offset + window can pass 2^31 for windows wider than the sequence.
+    const va_i64 diagonal = (va_i64)row + tile.offset;
+    VaVisible v{0, tile.lk - 1};
+    if (p.window_left >= 0) v.first = (int)max((va_i64)v.first, diagonal - p.window_left);
+    if (p.window_right >= 0) v.last = (int)min((va_i64)v.last, diagonal + p.window_right);
+    return v;
+}
+
+// Whether key `key` is visible from query row `row`.
 VA_DEVICE bool va_key_visible(const VaParams& p, const VaTile& tile, int row, int key) {
-    return key < tile.lk && (p.window_left < 0 || key >= row + tile.offset - p.window_left) &&
-           (p.window_right < 0 || key <= row + tile.offset + p.window_right);
+    const VaVisible v = va_visible_keys(p, tile, row);
+    return key >= v.first && key <= v.last;
 }
 
 // Whether key tile j needs the mask for rows [first_row, last_row]: only tiles that straddle
 // the sequence's end, a window edge or the causal diagonal pay for it.
 VA_DEVICE bool va_tile_needs_mask(const VaParams& p, const VaTile& tile, int j, int first_row, int last_row) {
     const int key_lo = j * VA_BLOCK_N, key_hi = key_lo + VA_BLOCK_N;
-    return key_hi > tile.lk || (p.window_left >= 0 && key_lo < last_row + tile.offset - p.window_left) ||
-           (p.window_right >= 0 && key_hi - 1 > first_row + tile.offset + p.window_right);
+    return key_hi > tile.lk || key_lo < va_visible_keys(p, tile, last_row).first ||
+           key_hi - 1 > va_visible_keys(p, tile, first_row).last;
 }
 
 #if defined(VA_AMD)
@@ -205,9 +222,7 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
 
     // Keys seen by any row of this tile, then this split's share of their tiles.
     const int last_row = min(tile.m0 + VA_BLOCK_M, tile.lq) - 1;
-    int n_lo = 0, n_hi = tile.lk;
-    if (p.window_left >= 0) n_lo = max(0, tile.m0 + tile.offset - p.window_left);
-    if (p.window_right >= 0) n_hi = min(tile.lk, last_row + tile.offset + p.window_right + 1);
+    const int n_lo = va_visible_keys(p, tile, tile.m0).first, n_hi = va_visible_keys(p, tile, last_row).last + 1;
     const int first_block = n_lo / VA_BLOCK_N;
     const int blocks = n_hi > n_lo ? (n_hi + VA_BLOCK_N - 1) / VA_BLOCK_N - first_block : 0;
     const int per_split = (blocks + p.splits - 1) / p.splits;

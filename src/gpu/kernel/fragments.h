@@ -24,18 +24,23 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
 template <int NS>
 VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], VaRows& r, int key0, bool masked,
                                    float factor, float (&alpha)[2]) {
-    if (p.softcap > 0.0f) {
+    if (VA_SOFTCAP && p.softcap > 0.0f) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = p.softcap * tanhf(s[n][e] * p.scale_over_softcap) * VA_LOG2E;
     }
     if (masked) {
+        // Each row's visible range once, then two compares and a select per score.
+        const VaVisible visible[2] = {va_visible_keys(p, tile, r.row[0]), va_visible_keys(p, tile, r.row[1])};
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (!va_key_visible(p, tile, r.row[e / 2], key0 + n * 8 + (e % 2))) s[n][e] = VA_NEG_INF;
+            for (int e = 0; e < 4; ++e) {
+                const int key = key0 + n * 8 + (e % 2);
+                const VaVisible& v = visible[e / 2];
+                s[n][e] = key >= v.first && key <= v.last ? s[n][e] : VA_NEG_INF;
+            }
     }
     // Maxima and sums run as four interleaved chains per row, not one dependent chain of NS
     // steps: with two warps per scheduler, nothing else would hide those latencies.
@@ -109,12 +114,15 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
         const int token = tile.q_start + r.row[i];
         const bool seen = sum != 0.0f; // no visible key (or only -inf scores): 0 and -inf
         const float lse = seen ? r.max[i] * factor * VA_LN2 + logf(sum) : VA_NEG_INF;
+        // One division per row (an IEEE division is a dozen instructions and a slow-path call;
+        // per element they were most of the epilogue's code).
+        const float inv = seen ? 1.0f / sum : 0.0f;
         if (p.splits == 1) {
             va_u16* dst = p.out + (va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
                 const int col = n * 8 + 2 * t;
-                const float a = seen ? o[n][2 * i] / sum : 0.0f, c = seen ? o[n][2 * i + 1] / sum : 0.0f;
+                const float a = o[n][2 * i] * inv, c = o[n][2 * i + 1] * inv;
                 if (col + 1 < p.head_dim_v) {
                     *(va_u32*)(dst + col) = va_pack2(a, c);
                 } else if (col < p.head_dim_v) {
@@ -127,8 +135,8 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
                 const int col = n * 8 + 2 * t;
-                dst[col] = seen ? o[n][2 * i] / sum : 0.0f;
-                dst[col + 1] = seen ? o[n][2 * i + 1] / sum : 0.0f;
+                dst[col] = o[n][2 * i] * inv;
+                dst[col + 1] = o[n][2 * i + 1] * inv;
             }
             if (t == 0) p.partial_lse[((va_i64)tile.split * p.heads + tile.head) * p.total_q + token] = lse;
         }

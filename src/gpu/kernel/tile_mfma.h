@@ -36,7 +36,7 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
     const int wave = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
     const int col = lane % 16, quad = lane / 16;
     va_u16* pw = p_smem + wave * 16 * VA_BLOCK_N;
-    const float factor = p.softcap > 0.0f ? 1.0f : p.scale_log2;
+    const float factor = VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2;
 
     va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_M>(q_smem, VA_Q_STRIDE, tile.q, p.q_token_stride, m0, lq, p.head_dim);
     va_float4 o[NO];
@@ -63,7 +63,7 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
         for (int n = 0; n < NS; ++n) {
             for (int i = 0; i < 4; ++i) {
                 float x = s[n][i];
-                if (p.softcap > 0.0f) x = p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E;
+                if (VA_SOFTCAP && p.softcap > 0.0f) x = p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E;
                 const int row = m0 + wave * 16 + 4 * quad + i, key = j * VA_BLOCK_N + n * 16 + col;
                 x = va_key_visible(p, tile, row, key) ? x : VA_NEG_INF;
                 s[n][i] = x;

@@ -2,10 +2,11 @@
 // FlashAttention-3. The block is three warpgroups: one copies K and V tiles into two or three stages of
 // shared memory (TMA for whole tiles where the host encoded tensor maps, cp.async for the rest,
 // signalling mbarriers; it gives most of its registers to the others),
-// two compute, each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync,
-// so the softmax and the write are shared with tile_mma.h). The computing warpgroups take turns
-// at the tensor cores (one's softmax runs while the other's products do), and within each the
-// score product of key tile i runs alongside the value product of tile i - 1.
+// two compute (one, VA_WARPS = 4, for problems too small to fill the GPU with 128-row tiles),
+// each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync, so the
+// softmax and the write are shared with tile_mma.h). Two computing warpgroups take turns at the
+// tensor cores (one's softmax runs while the other's products do), and within each the score
+// product of key tile i runs alongside the value product of tile i - 1.
 //
 // Q, K and V sit in shared memory in layouts the tensor cores read directly (64-column slabs with
 // 128-byte swizzle, the rest of a head in core matrices): S = Q K^T takes both operands from
@@ -223,12 +224,19 @@ VA_DEVICE void va_release_stage(va_u64* empty, int i) {
     if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(&empty[va_stage(i)]);
 }
 
-// The two computing warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong):
-// a warpgroup issues its products only when the other has issued its own, so that one's
-// softmax runs while the other's products do. Barrier VA_TURN + g is warpgroup g's turn.
+// Two computing warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong): a
+// warpgroup issues its products only when the other has issued its own, so that one's softmax
+// runs while the other's products do. Barrier VA_TURN + g is warpgroup g's turn. A lone
+// computing warpgroup has no one to wait for.
+#define VA_GROUPS (VA_WARPS / 4)
+static_assert(VA_GROUPS == 1 || VA_GROUPS == 2, "one or two computing warpgroups");
 #define VA_TURN 1
-VA_DEVICE void va_take_turn(int group) { va_named_sync(VA_TURN + group, VA_THREADS); }
-VA_DEVICE void va_pass_turn(int group) { va_named_arrive(VA_TURN + (group ^ 1), VA_THREADS); }
+VA_DEVICE void va_take_turn(int group) {
+    if (VA_GROUPS == 2) va_named_sync(VA_TURN + group, VA_THREADS);
+}
+VA_DEVICE void va_pass_turn(int group) {
+    if (VA_GROUPS == 2) va_named_arrive(VA_TURN + (group ^ 1), VA_THREADS);
+}
 
 // S = Q K^T for this warpgroup's 64 rows, issued (not waited for): both operands K-major in
 // shared memory.
@@ -271,7 +279,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
     for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
     VaRows rows = va_rows(warp_first, g);
-    const float factor = p.softcap > 0.0f ? 1.0f : p.scale_log2;
+    const float factor = VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2;
     const int tiles = tile.j_end - tile.j_begin;
 
     if (tiles > 0) {
