@@ -60,6 +60,20 @@ impl DType {
         }
     }
 
+    /// The largest finite value.
+    ///
+    /// ```
+    /// assert_eq!(varlen_attn::DType::F16.max_finite(), 65504.0);
+    /// assert_eq!(varlen_attn::DType::F32.max_finite(), f32::MAX as f64);
+    /// ```
+    pub fn max_finite(self) -> f64 {
+        match self {
+            DType::BF16 => half::bf16::MAX.to_f64(),
+            DType::F16 => half::f16::MAX.to_f64(),
+            DType::F32 => f32::MAX as f64,
+        }
+    }
+
     /// Unit roundoff `u = 2^-p` of round-to-nearest: bf16 `2^-8`, f16 `2^-11`, f32 `2^-24`.
     ///
     /// ```

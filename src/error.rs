@@ -115,6 +115,20 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// Finite inputs so large that the fast paths' f32 arithmetic could overflow: a bound on
+    /// the scores (or base-2 logits) or on the `P·V` sums reaches
+    /// [`F32_EDGE`](crate::F32_EDGE) (`2^126`), e.g. f32 inputs near `1e19` at head_dim 64.
+    /// The oracle computes such inputs in f64.
+    #[error(
+        "inputs beyond f32's range: {quantity} = {value:e} reaches 2^126, where f32 scores or sums could overflow"
+    )]
+    BeyondF32 {
+        /// The bound that is exceeded.
+        quantity: &'static str,
+        /// Its value for these inputs.
+        value: f64,
+    },
+
     /// The caller forced a CPU instruction set this CPU lacks.
     #[error("CPU instruction set {isa} was requested but this CPU does not support it")]
     IsaUnavailable {

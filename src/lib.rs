@@ -61,7 +61,7 @@ pub use cpu::peak::{measure_peak, PeakUnit};
 pub use element::{DType, Element};
 pub use error::{CuSeqlensRule, Error};
 pub use params::{Backend, CpuIsa, Params};
-pub use problem::MAX_HEAD_DIM;
+pub use problem::{F32_EDGE, MAX_HEAD_DIM};
 
 use layout::{shape3, LseMut, Rows, RowsMut};
 use ndarray::{Array2, Array3, ArrayView3, ArrayViewD, ArrayViewMut2, ArrayViewMut3};
@@ -96,7 +96,9 @@ use problem::Problem;
 /// # Errors
 /// Any shape, head count, head dimension, `cu_seqlens` or parameter problem (see [`Error`]),
 /// before any work is done; [`Error::GpuNotCompiled`], [`Error::NoDevice`] or [`Error::Gpu`]
-/// for `Backend::Gpu`; [`Error::IsaUnavailable`] for a forced instruction set the CPU lacks.
+/// for `Backend::Gpu`; [`Error::IsaUnavailable`] for a forced instruction set the CPU lacks;
+/// [`Error::BeyondF32`] for finite inputs so large that f32 scores or sums could overflow
+/// (beyond [`F32_EDGE`]).
 pub fn forward<T: Element>(
     q: ArrayView3<T>,
     k: ArrayView3<T>,
@@ -212,6 +214,7 @@ fn execute<T: Element>(
     mut out: ArrayViewMut3<T>,
     mut lse: Option<ArrayViewMut2<f32>>,
 ) -> Result<(), Error> {
+    problem.check_magnitudes(q.view(), k.view(), v.view())?;
     match params.backend {
         Backend::Gpu => return gpu::forward(problem, q, k, v, out, lse),
         Backend::Auto if gpu::is_usable(T::DTYPE) => {

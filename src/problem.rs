@@ -1,9 +1,11 @@
 //! Validation at the boundary: every shape, `cu_seqlens` and parameter check lives here, once.
 //! Backends receive a [`Problem`] and never re-check.
 
+use crate::element::Element;
 use crate::error::{CuSeqlensRule, Error};
 use crate::mask::Mask;
 use crate::params::Params;
+use ndarray::ArrayView3;
 
 /// The largest head dimension (of q/k and of v) the kernels support.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -28,8 +30,12 @@ pub(crate) struct Problem<'a> {
     pub head_dim_v: usize,
     cu_seqlens_q: &'a [i32],
     cu_seqlens_k: &'a [i32],
-    /// The resolved softmax scale (`1/sqrt(head_dim)` when not given).
+    /// The resolved softmax scale (`1/sqrt(head_dim)` when not given), rounded to f32 for the
+    /// fast paths.
     pub scale: f32,
+    /// The same scale exactly as the oracle uses it: a given `softmax_scale` is the exact value
+    /// it is; the default `1/sqrt(head_dim)` is computed in f64.
+    pub scale_exact: f64,
     pub softcap: Option<f32>,
     pub mask: Mask,
 }
@@ -70,9 +76,9 @@ impl<'a> Problem<'a> {
             return Err(Error::CuSeqlensLength { q_len: cu_seqlens_q.len(), k_len: cu_seqlens_k.len() });
         }
 
-        let scale = match params.softmax_scale {
-            Some(s) => positive_finite("softmax_scale", s)?,
-            None => 1.0 / (head_dim as f32).sqrt(),
+        let scale_exact = match params.softmax_scale {
+            Some(s) => positive_finite("softmax_scale", s)? as f64,
+            None => 1.0 / (head_dim as f64).sqrt(),
         };
         let softcap = params.softcap.map(|c| positive_finite("softcap", c)).transpose()?;
         let right = if params.causal {
@@ -97,7 +103,8 @@ impl<'a> Problem<'a> {
             head_dim_v,
             cu_seqlens_q,
             cu_seqlens_k,
-            scale,
+            scale: scale_exact as f32,
+            scale_exact,
             softcap,
             mask: Mask { left: params.window_left, right },
         })
@@ -151,6 +158,74 @@ impl<'a> Problem<'a> {
     pub fn group_size(&self) -> usize {
         self.num_heads / self.num_kv_heads
     }
+
+    /// Checks that the finite inputs stay inside f32's range in the fast paths' arithmetic
+    /// (see [`F32_EDGE`]); non-finite values are left to their own semantics.
+    pub fn check_magnitudes<T: Element>(
+        &self,
+        q: ArrayView3<T>,
+        k: ArrayView3<T>,
+        v: ArrayView3<T>,
+    ) -> Result<(), Error> {
+        let longest_keys = (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64;
+        let score_factor = self.head_dim as f64 * (2.0 * self.scale_exact).max(1.0);
+        // The element type's largest finite value bounds every magnitude: when even that stays
+        // inside the edge (f16 with moderate scales), the inputs need not be read.
+        let type_max = T::DTYPE.max_finite();
+        if score_factor * type_max * type_max < F32_EDGE && longest_keys * type_max < F32_EDGE {
+            return Ok(());
+        }
+        let scores = score_factor * max_finite_magnitude(q) * max_finite_magnitude(k);
+        if scores >= F32_EDGE {
+            return Err(Error::BeyondF32 {
+                quantity: "head_dim · max|q| · max|k| · max(1, 2·scale)", value: scores
+            });
+        }
+        let sums = longest_keys * max_finite_magnitude(v);
+        if sums >= F32_EDGE {
+            return Err(Error::BeyondF32 { quantity: "max|v| · the longest key sequence", value: sums });
+        }
+        Ok(())
+    }
+}
+
+/// The edge of f32 for the fast paths, `2^126` (a quarter of f32's largest finite value): the
+/// bounds `head_dim · max|q| · max|k| · max(1, 2·scale)` on every raw score and base-2 logit,
+/// and `max|v| · Lk` on every f32 accumulator of `P·V`, must stay below it. Inputs beyond it
+/// get [`Error::BeyondF32`]; the oracle, in f64, computes them.
+///
+/// ```
+/// use ndarray::Array3;
+/// use varlen_attn::{forward, oracle, Error, Params, F32_EDGE};
+/// assert_eq!(F32_EDGE, 2f64.powi(126));
+/// // f32 inputs of 1e19 at head_dim 64: scores near 6.4e39 overflow f32.
+/// let x = Array3::from_elem((2, 1, 64), 1e19f32);
+/// let p = Params::default();
+/// let err = forward(x.view(), x.view(), x.view(), &[0, 2], &[0, 2], &p).unwrap_err();
+/// assert!(matches!(err, Error::BeyondF32 { .. }));
+/// assert_eq!(oracle::forward(x.view(), x.view(), x.view(), &[0, 2], &[0, 2], &p)?[[1, 0, 5]], 1e19);
+/// # Ok::<(), Error>(())
+/// ```
+pub const F32_EDGE: f64 = 8.507_059_173_023_462e37;
+
+const _: () = assert!(F32_EDGE == (1u128 << 126) as f64);
+
+/// The largest finite `|x|` (0 when there is none).
+fn max_finite_magnitude<T: Element>(x: ArrayView3<T>) -> f64 {
+    // A select rather than `f32::max`, so that the loop vectorises.
+    let fold = |m: f32, e: &T| {
+        let a = e.to_f32().abs();
+        if a > m && a <= f32::MAX {
+            a
+        } else {
+            m
+        }
+    };
+    match x.as_slice_memory_order() {
+        Some(s) => s.iter().fold(0.0, fold),
+        None => x.iter().fold(0.0, fold),
+    }
+    .into()
 }
 
 fn positive_finite(name: &'static str, value: f32) -> Result<f32, Error> {

@@ -11,6 +11,7 @@ mod common;
 
 use common::cases::{case, check, long_case};
 use common::check_non_finite_inputs_stay_in_their_sequence;
+use common::extreme::{check_extreme, check_paths, extreme, uniform};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use varlen_attn::gpu::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
@@ -173,4 +174,44 @@ fn windows_wider_than_the_sequence_are_no_window_on_the_gpu() {
     let causal = run(&Params { causal: true, ..gpu.clone() });
     assert_eq!(run(&Params { causal: true, window_left: Some(usize::MAX), ..gpu.clone() }), causal);
     assert_ne!(causal, full);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Large finite score gaps (magnitudes 1e-30 to past the edge, scales up to 1e30, with
+    /// soft-caps and causal masks): the oracle's answer or `Error::BeyondF32`, never inf/NaN.
+    #[test]
+    fn extreme_magnitudes_on_the_gpu(case in extreme(-30.0, 20.0)) {
+        if device().is_some() {
+            check_extreme::<bf16>(&case, &GPU)?;
+        }
+    }
+
+    #[test]
+    fn extreme_f16_magnitudes_on_the_gpu(case in extreme(-4.0, 4.8)) {
+        if device().is_some() {
+            check_extreme::<f16>(&case, &GPU)?;
+        }
+    }
+}
+
+/// Huge scales on long sequences, which the GPU splits across blocks: the split merge sees
+/// LSEs of 1e30 and more.
+#[test]
+fn huge_scales_with_key_splits_on_the_gpu() {
+    if device().is_none() {
+        return;
+    }
+    let mut rng = common::Rng::new(9);
+    let q = uniform::<bf16>(&mut rng, (2100, 1, 72), 4.0);
+    let k = uniform::<bf16>(&mut rng, (2100, 1, 72), 4.0);
+    let v = uniform::<bf16>(&mut rng, (2100, 1, 72), 4.0);
+    for scale in [1e10f32, 1e30] {
+        for (causal, softcap, window_left) in [(false, None, None), (true, None, Some(700)), (false, Some(20.0), None)]
+        {
+            let p = Params { softmax_scale: Some(scale), causal, softcap, window_left, ..Params::default() };
+            check_paths(&GPU, &q, &k, &v, &[2000, 100], &[2000, 100], &p).unwrap();
+        }
+    }
 }

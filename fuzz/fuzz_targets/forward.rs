@@ -63,6 +63,17 @@ impl<T: Element> Stored<T> {
     }
 }
 
+/// How the values of a case are drawn.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Values {
+    /// Multiples of 1/16 in [-4, 4].
+    Moderate,
+    /// Normal numbers of any magnitude.
+    Extreme,
+    /// Arbitrary bit patterns: NaN, infinities, subnormals.
+    Wild,
+}
+
 fn dim(u: &mut Unstructured) -> Result<usize> {
     Ok(match u.int_in_range(0..=9)? {
         0 => *u.choose(&[0usize, 72, 128, 256, 257])?,
@@ -113,16 +124,38 @@ fn case<T: Element>(u: &mut Unstructured) -> Result<()> {
     let d_k = if u.ratio(1, 16)? { d + 1 } else { d };
     let v_tokens = if u.ratio(1, 16)? { total_k + 1 } else { total_k };
 
-    // Moderate values (multiples of 1/16 in [-4, 4]: no subnormals, no overflow) or anything.
-    let wild = u.ratio(1, 8)?;
-    let value = |u: &mut Unstructured| -> Result<T> {
-        Ok(if wild { T::from_f32(f32::from_bits(u.arbitrary()?)) } else { T::from_f32(u.int_in_range(-64i8..=64)? as f32 / 16.0) })
+    // Moderate values (multiples of 1/16 in [-4, 4]: no subnormals, no overflow), normal
+    // numbers of any magnitude (a random sign, significand and exponent across the type's whole
+    // normal range, per tensor up to a drawn largest exponent: scores from far below f32's
+    // range to past its edge), or anything.
+    let mode = match u.int_in_range(0..=7)? {
+        0 => Values::Wild,
+        1..=3 => Values::Extreme,
+        _ => Values::Moderate,
+    };
+    let (min_exp, max_exp) = match T::DTYPE {
+        varlen_attn::DType::F16 => (-14, 15),
+        _ => (-126, 127),
+    };
+    let value = |u: &mut Unstructured, top: i32| -> Result<T> {
+        Ok(match mode {
+            Values::Wild => T::from_f32(f32::from_bits(u.arbitrary()?)),
+            Values::Moderate => T::from_f32(u.int_in_range(-64i8..=64)? as f32 / 16.0),
+            Values::Extreme => {
+                // A normal number of T: rounding 1.m × 2^e to T stays at or below 2^(top+1).
+                let significand = 1.0 + u.int_in_range(0u16..=255)? as f32 / 256.0;
+                let e = u.int_in_range(min_exp..=top)?;
+                let sign = if u.arbitrary()? { -1.0 } else { 1.0 };
+                T::from_f32(sign * significand * (e as f32).exp2())
+            }
+        })
     };
     let tensor = |u: &mut Unstructured, shape: (usize, usize, usize)| -> Result<Stored<T>> {
         let n = shape.0 * shape.1 * shape.2;
+        let top = u.int_in_range(min_exp..=max_exp - 1)?;
         let mut values = Vec::with_capacity(n);
         for _ in 0..n {
-            values.push(value(u)?);
+            values.push(value(u, top)?);
         }
         let layout = u.arbitrary()?;
         Ok(Stored::new(Array3::from_shape_vec(shape, values).expect("sized"), layout))
@@ -133,9 +166,11 @@ fn case<T: Element>(u: &mut Unstructured) -> Result<()> {
 
     let causal: bool = u.arbitrary()?;
     let float = |u: &mut Unstructured| -> Result<Option<f32>> {
-        Ok(match u.int_in_range(0..=7)? {
+        Ok(match u.int_in_range(0..=9)? {
             0..=3 => None,
             4 => Some(*u.choose(&[0.0, -1.0, f32::NAN, f32::INFINITY])?),
+            // Any positive normal f32, from 2^-126 to f32::MAX.
+            5 | 6 => Some(f32::from_bits(u.int_in_range(0x0080_0000u32..=0x7f7f_ffff)?)),
             _ => Some(u.int_in_range(1u8..=200)? as f32 / 20.0),
         })
     };
@@ -150,6 +185,6 @@ fn case<T: Element>(u: &mut Unstructured) -> Result<()> {
     };
     let entry: u8 = u.int_in_range(0..=3)?;
     let out_shape_error = entry >= 2 && u.ratio(1, 16)?;
-    common::check(q.view(), k.view(), v.view(), &cu_q, &cu_k, &params, entry, out_shape_error, !wild);
+    common::check(q.view(), k.view(), v.view(), &cu_q, &cu_k, &params, entry, out_shape_error, mode != Values::Wild);
     Ok(())
 }

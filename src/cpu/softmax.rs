@@ -60,14 +60,14 @@ pub(crate) fn update<S: Simd>(
         if let Some(seen) = visible(r) {
             mask_outside(row, seen);
         }
-        let block_max = row_max(simd, row) * factor;
+        let block_max = to_logits(simd, row, factor);
         let old_max = state.max[r];
         let new_max = old_max.max(block_max);
         // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps every
         // probability at exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
         let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
         let alpha = (old_max - shift).exp2();
-        let block_sum = exponentiate(simd, row, factor, shift);
+        let block_sum = exponentiate(simd, row, shift);
         state.sum[r] = state.sum[r] * alpha + block_sum;
         state.max[r] = new_max;
         state.alpha[r] = alpha;
@@ -117,31 +117,42 @@ fn soft_cap<S: Simd>(simd: S, row: &mut [f32], scale_over_cap: f32, cap: f32) {
     }
 }
 
-/// The largest entry of `row` (`-inf` for an empty row).
+/// `row[j] = row[j] · factor`, rounded: the base-2 logits. Returns their max (`-inf` for an
+/// empty row).
+///
+/// Rounding the logits before the max is subtracted is what keeps large finite scores finite:
+/// `exp2(logit - max)` is then exactly 1 at the max and at most 1 elsewhere, whereas a fused
+/// `score · factor - max` keeps the max's rounding error, up to half an ulp of the logit
+/// (`2^100` for a logit of `2^124`), and `exp2` of that overflows.
 #[inline(always)]
-fn row_max<S: Simd>(simd: S, row: &[f32]) -> f32 {
-    let (head, tail) = S::as_simd_f32s(row);
+fn to_logits<S: Simd>(simd: S, row: &mut [f32], factor: f32) -> f32 {
+    let f = simd.splat_f32s(factor);
+    let (head, tail) = S::as_mut_simd_f32s(row);
     let mut acc = simd.splat_f32s(f32::NEG_INFINITY);
-    for &x in head {
-        acc = simd.max_f32s(acc, x);
+    for x in head {
+        *x = simd.mul_f32s(*x, f);
+        acc = simd.max_f32s(acc, *x);
     }
-    tail.iter().fold(simd.reduce_max_f32s(acc), |m, &x| m.max(x))
+    tail.iter_mut().fold(simd.reduce_max_f32s(acc), |m, x| {
+        *x *= factor;
+        m.max(*x)
+    })
 }
 
-/// `row[j] = exp2(row[j] · factor - shift)`; returns the sum.
+/// `row[j] = exp2(row[j] - shift)` (every logit at most `shift`); returns the sum.
 #[inline(always)]
-fn exponentiate<S: Simd>(simd: S, row: &mut [f32], factor: f32, shift: f32) -> f32 {
-    let (f, neg_shift) = (simd.splat_f32s(factor), simd.splat_f32s(-shift));
+fn exponentiate<S: Simd>(simd: S, row: &mut [f32], shift: f32) -> f32 {
+    let shift_v = simd.splat_f32s(shift);
     let (head, tail) = S::as_mut_simd_f32s(row);
     let mut sum = simd.splat_f32s(0.0);
     for x in head {
-        let p = exp2(simd, simd.mul_add_f32s(*x, f, neg_shift));
+        let p = exp2(simd, simd.sub_f32s(*x, shift_v));
         *x = p;
         sum = simd.add_f32s(sum, p);
     }
     let mut total = simd.reduce_sum_f32s(sum);
     for x in tail {
-        let p = exp2(pulp::Scalar::new(), x.mul_add(factor, -shift));
+        let p = exp2(pulp::Scalar::new(), *x - shift);
         *x = p;
         total += p;
     }

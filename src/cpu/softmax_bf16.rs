@@ -95,15 +95,18 @@ unsafe fn rows_update<const N: usize>(
     let f = _mm512_set1_ps(factor);
     for r in 0..rows {
         let row = s[r * stride..].as_ptr();
+        // The base-2 logits, rounded before the max is subtracted (see `softmax::to_logits`:
+        // a fused multiply-subtract would keep the max's rounding error, which overflows
+        // `exp2` for large finite scores).
         // SAFETY: n < N: 16 N <= stride, inside row r (asserted).
-        let x: [__m512; N] = core::array::from_fn(|n| unsafe { _mm512_loadu_ps(row.add(16 * n)) });
+        let x: [__m512; N] = core::array::from_fn(|n| unsafe { _mm512_mul_ps(_mm512_loadu_ps(row.add(16 * n)), f) });
         let old_max = state.max[r];
         // After the first blocks the running max rarely moves: one compare per vector finds
         // out, and saves the max reduction, the rescale and the dependency between them. (Not
         // FlashAttention-4's lazy rescaling, which lets the reference lag the max: that rounds
         // the largest probability to bf16 too, and costs measurable accuracy.)
         let keep = old_max != f32::NEG_INFINITY && {
-            let limit = _mm512_set1_ps(old_max / factor);
+            let limit = _mm512_set1_ps(old_max);
             x.iter().fold(0, |any, &v| any | _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, limit)) == 0
         };
         let new_max = if keep {
@@ -111,14 +114,14 @@ unsafe fn rows_update<const N: usize>(
         } else {
             let block_max =
                 _mm512_cvtss_f32(all_lanes(tree(x, |a, b| _mm512_max_ps(a, b)), |a, b| _mm512_max_ps(a, b)));
-            old_max.max(block_max * factor)
+            old_max.max(block_max)
         };
         // As in softmax.rs: a row that has seen only masked keys subtracts 0, not -inf.
         let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
         let alpha = if keep { 1.0 } else { _mm512_cvtss_f32(exp2(_mm512_set1_ps(old_max - shift))) };
 
-        let neg_shift = _mm512_set1_ps(-shift);
-        let probabilities: [__m512; N] = core::array::from_fn(|n| exp2(_mm512_fmadd_ps(x[n], f, neg_shift)));
+        let shift_v = _mm512_set1_ps(shift);
+        let probabilities: [__m512; N] = core::array::from_fn(|n| exp2(_mm512_sub_ps(x[n], shift_v)));
         let out = p[r * stride / 2..].as_mut_ptr();
         for pair in 0..N.div_ceil(2) {
             let lo = probabilities[2 * pair];

@@ -365,7 +365,9 @@ impl<'a, T> DeviceTensorMut<'a, T> {
 /// the same 64-key tile that do not see its key (0 · inf is NaN in the tensor cores), because
 /// the values are not inspected on the device. The host-array call checks for this and
 /// refuses the GPU ([`Error::GpuUnsupported`]), so `Backend::Auto` computes such inputs exactly
-/// on the CPU.
+/// on the CPU. Likewise the magnitudes are not read: inputs beyond the edge of f32
+/// ([`crate::F32_EDGE`]), which the host-array call refuses with [`Error::BeyondF32`], may give
+/// inf or NaN here.
 ///
 /// ```no_run
 /// use half::bf16;

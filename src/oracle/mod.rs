@@ -38,6 +38,9 @@ use crate::params::Params;
 use crate::problem::Problem;
 use ndarray::{Array2, Array3, ArrayView3};
 
+/// The smallest normal f32, `2^-126`.
+const F32_MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;
+
 /// The oracle's `f64` results with what is needed to bound another implementation's error.
 #[derive(Clone, Debug)]
 pub struct Reference {
@@ -63,7 +66,9 @@ pub struct RowBound {
     /// Largest `|v|` over the visible keys, all of `head_dim_v`.
     pub v_max: f64,
     /// Bound on the absolute error of any one score computed in `f32`
-    /// (`scale · γ_D · max_j Σ_d |q_d k_jd|`, plus the soft-cap's own error).
+    /// (`scale · (γ_D · max_j Σ_d |q_d k_jd| + D · 2^-126)`, plus the soft-cap's own error;
+    /// the `2^-126` per product covers products below f32's normal range, which hardware bf16
+    /// dot products flush to zero).
     pub score_error: f64,
 }
 
@@ -175,7 +180,7 @@ pub fn reference_rows<T: Element>(
     }
     let (heads, dv) = (problem.num_heads, problem.head_dim_v);
     let group = problem.group_size();
-    let scale = problem.scale as f64;
+    let scale = problem.scale_exact;
     let softcap = problem.softcap.map(f64::from);
     let (left, right) = (problem.mask.left, problem.mask.right);
     let u32_ = crate::DType::F32.unit_roundoff();
@@ -226,7 +231,7 @@ pub fn reference_rows<T: Element>(
             bounds[[row, h]] = RowBound {
                 visible: scores.len(),
                 v_max,
-                score_error: scale * (gamma_d + 3.0 * u32_) * abs_dot_max + softcap_error,
+                score_error: scale * ((gamma_d + 3.0 * u32_) * abs_dot_max + d * F32_MIN_NORMAL) + softcap_error,
             };
             // The max, with NaN winning so that NaN scores give NaN rows as IEEE arithmetic
             // would.

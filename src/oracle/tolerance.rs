@@ -8,7 +8,9 @@
 //! output `o`:
 //!
 //! 1. **Scores.** Each `q·k` is a `D`-term dot product of exactly-widened inputs accumulated in
-//!    f32: error at most `γ_D Σ_d |q_d k_d|` with `γ_D = D u / (1 - D u)`; scaling and folding
+//!    f32: error at most `γ_D Σ_d |q_d k_d|` with `γ_D = D u / (1 - D u)`, plus `2^-126` per
+//!    product that falls below f32's normal range (flushed to zero by hardware bf16 dot
+//!    products, rounded to a subnormal elsewhere); scaling and folding
 //!    the scale into the exponent add `3u |q·k|`. Soft-capping contracts errors (`tanh' <= 1`)
 //!    and adds its own approximation error, at most `8u · softcap`. Call the bound `δ`
 //!    ([`RowBound::score_error`](super::RowBound::score_error)).
@@ -33,7 +35,8 @@
 //! `3δ + (16 + 2n) u + 2 ulp_f32(lse)`.
 //!
 //! Not covered: inputs with subnormal values (hardware bf16 dot products treat them as zero),
-//! and rows whose scores overflow f32.
+//! and inputs beyond the edge of f32 ([`F32_EDGE`](crate::F32_EDGE)), which the fast paths
+//! refuse.
 
 use super::{Reference, RowBound};
 use crate::element::{DType, Element};

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cases;
+pub mod extreme;
 
 use ndarray::{s, Array3, ArrayView3};
 use varlen_attn::{CpuIsa, Element, Params};

@@ -36,7 +36,6 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
     const int wave = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
     const int col = lane % 16, quad = lane / 16;
     va_u16* pw = p_smem + wave * 16 * VA_BLOCK_N;
-    const float factor = VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2;
 
     va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_M>(q_smem, VA_Q_STRIDE, tile.q, p.q_token_stride, m0, lq, p.head_dim);
     va_float4 o[NO];
@@ -63,7 +62,8 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
         for (int n = 0; n < NS; ++n) {
             for (int i = 0; i < 4; ++i) {
                 float x = s[n][i];
-                if (VA_SOFTCAP && p.softcap > 0.0f) x = p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E;
+                // Base-2 logits, rounded before the max is subtracted (see va_softmax_fragment).
+                x = VA_SOFTCAP && p.softcap > 0.0f ? p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E : x * p.scale_log2;
                 const int row = m0 + wave * 16 + 4 * quad + i, key = j * VA_BLOCK_N + n * 16 + col;
                 x = va_key_visible(p, tile, row, key) ? x : VA_NEG_INF;
                 s[n][i] = x;
@@ -73,13 +73,13 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
         for (int i = 0; i < 4; ++i) {
             for (int m = 1; m < 16; m *= 2) tile_max[i] = fmaxf(tile_max[i], va_shfl_xor(tile_max[i], m));
             const float new_max = fmaxf(row_max[i], tile_max[i]);
-            const float shift = new_max == VA_NEG_INF ? 0.0f : new_max * factor;
-            const float alpha = va_exp2(row_max[i] * factor - shift);
+            const float shift = new_max == VA_NEG_INF ? 0.0f : new_max;
+            const float alpha = va_exp2(row_max[i] - shift);
             row_max[i] = new_max;
             row_sum[i] *= alpha;
             for (int n = 0; n < NO; ++n) o[n][i] *= alpha;
             for (int n = 0; n < NS; ++n) {
-                const float pe = va_exp2(fmaf(s[n][i], factor, -shift));
+                const float pe = va_exp2(s[n][i] - shift);
                 row_sum[i] += pe;
                 pw[(4 * quad + i) * VA_BLOCK_N + n * 16 + col] = va_from_float(pe);
             }
@@ -105,7 +105,7 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
         if (row >= lq) continue;
         const int token = tile.q_start + row;
         const bool seen = sum != 0.0f;
-        const float lse = seen ? row_max[i] * factor * VA_LN2 + logf(sum) : VA_NEG_INF;
+        const float lse = seen ? row_max[i] * VA_LN2 + logf(sum) : VA_NEG_INF;
         for (int n = 0; n < NO; ++n) {
             const int c = n * 16 + col;
             const float value = seen ? o[n][i] / sum : 0.0f;

@@ -1,0 +1,102 @@
+//! Finite inputs across the whole finite range, on every CPU path (the checks are in
+//! `common/extreme.rs`): the oracle's answer within its tolerance, or below the edge of f32
+//! `Error::BeyondF32`; never inf or NaN silently.
+
+mod common;
+
+use common::extreme::{check_extreme, check_paths, extreme, uniform};
+use common::{cpu_paths, Rng};
+use half::{bf16, f16};
+use ndarray::Array3;
+use proptest::prelude::*;
+use varlen_attn::{oracle, Backend, CpuIsa, Element, Error, Params, F32_EDGE};
+
+/// Every CPU path of this machine for element type `T`.
+fn cpu<T: Element>() -> Vec<(Backend, CpuIsa)> {
+    cpu_paths::<T>().into_iter().map(|isa| (Backend::Cpu, isa)).collect()
+}
+
+/// The first case: f32 q = k = v uniform in [-m/2, m/2], 40 tokens, 2 heads, head_dim
+/// 64. Up to m = 1e5 every score fits f32; m = 1e6 still does (scores up to 1e13); these gave
+/// 2048 and 2112 non-finite outputs before the softmax rounded its logits before subtracting
+/// the max.
+#[test]
+fn large_f32_inputs_give_the_oracle_answer() {
+    for m in [3e4, 1e5, 1e6, 1e12, 1e17] {
+        let mut rng = Rng::new(1);
+        let x = uniform::<f32>(&mut rng, (40, 2, 64), m);
+        check_paths(&cpu::<f32>(), &x, &x, &x, &[40], &[40], &Params::default()).unwrap();
+    }
+}
+
+/// The second case: bf16 inputs in [-2, 2] with scales up to 1e30 (5,494 to 7,700
+/// non-finite outputs before the fix, on the scalar and AVX2 paths); with a soft-cap and a
+/// causal mask too.
+#[test]
+fn huge_scales_give_the_oracle_answer() {
+    let mut rng = Rng::new(2);
+    let q = uniform::<bf16>(&mut rng, (70, 2, 64), 4.0);
+    let k = uniform::<bf16>(&mut rng, (70, 2, 64), 4.0);
+    let v = uniform::<bf16>(&mut rng, (70, 2, 64), 4.0);
+    for scale in [1e8f32, 1e10, 1e20, 1e30] {
+        for (causal, softcap) in [(false, None), (true, None), (false, Some(30.0))] {
+            let p = Params { softmax_scale: Some(scale), causal, softcap, ..Params::default() };
+            check_paths(&cpu::<bf16>(), &q, &k, &v, &[30, 40], &[30, 40], &p).unwrap();
+        }
+    }
+}
+
+/// Past the edge the fast paths refuse, naming the bound, and the oracle still answers.
+#[test]
+fn inputs_beyond_the_edge_are_refused() {
+    let x = Array3::from_elem((3, 1, 64), 1e19f32);
+    let err = varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 3], &[0, 3], &Params::default()).unwrap_err();
+    assert!(matches!(err, Error::BeyondF32 { quantity, .. } if quantity.contains("max|q|")), "{err}");
+    assert!(err.to_string().contains("2^126"), "{err}");
+
+    // Values whose P·V sums could overflow: bf16 values of 1e37 over 40 keys.
+    let small = Array3::from_elem((40, 1, 8), bf16::from_f32(0.5));
+    let big = Array3::from_elem((40, 1, 8), bf16::from_f32(1e37));
+    let err = varlen_attn::forward(small.view(), small.view(), big.view(), &[0, 40], &[0, 40], &Params::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::BeyondF32 { quantity, .. } if quantity.contains("max|v|")), "{err}");
+    let exact =
+        oracle::forward(small.view(), small.view(), big.view(), &[0, 40], &[0, 40], &Params::default()).unwrap();
+    assert_eq!(exact[[0, 0, 0]], bf16::from_f32(1e37));
+
+    // A scale that pushes moderate scores over the edge.
+    let ones = Array3::from_elem((2, 1, 4), 1.0f32);
+    let p = Params { softmax_scale: Some(3e37), ..Params::default() };
+    assert!(matches!(
+        varlen_attn::forward(ones.view(), ones.view(), ones.view(), &[0, 2], &[0, 2], &p),
+        Err(Error::BeyondF32 { .. })
+    ));
+
+    // Non-finite values do not count: they keep their own semantics (propagation).
+    let mut nan = Array3::from_elem((2, 1, 4), 1.0f32);
+    nan[[0, 0, 0]] = f32::INFINITY;
+    assert!(varlen_attn::forward(nan.view(), ones.view(), ones.view(), &[0, 2], &[0, 2], &Params::default()).is_ok());
+    assert!(F32_EDGE < f32::MAX as f64 / 3.0);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// f32 magnitudes from 1e-30 to past the edge (1e20: scores of 1e40 and more).
+    #[test]
+    fn f32_magnitudes_across_the_finite_range(case in extreme(-30.0, 20.0)) {
+        check_extreme::<f32>(&case, &cpu::<f32>())?;
+    }
+
+    /// bf16 has f32's exponent range.
+    #[test]
+    fn bf16_magnitudes_across_the_finite_range(case in extreme(-30.0, 20.0)) {
+        check_extreme::<bf16>(&case, &cpu::<bf16>())?;
+    }
+
+    /// f16's normal range is 6e-5 to 65504; only the scale can take it to the edge.
+    #[test]
+    fn f16_magnitudes_across_the_finite_range(case in extreme(-4.0, 4.8)) {
+        check_extreme::<f16>(&case, &cpu::<f16>())?;
+    }
+}
