@@ -167,8 +167,20 @@ impl<'a> Problem<'a> {
         k: ArrayView3<T>,
         v: ArrayView3<T>,
     ) -> Result<(), Error> {
+        // The factors applied to every score: scale · log2(e) to base-2 logits, or
+        // scale / softcap inside the tanh.
+        let scale = 2.0 * self.scale_exact;
+        if scale >= F32_EDGE {
+            return Err(Error::BeyondF32 { quantity: "2·scale", value: scale });
+        }
+        if let Some(cap) = self.softcap {
+            let ratio = self.scale_exact / cap as f64;
+            if ratio >= F32_EDGE {
+                return Err(Error::BeyondF32 { quantity: "scale / softcap", value: ratio });
+            }
+        }
         let longest_keys = (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64;
-        let score_factor = self.head_dim as f64 * (2.0 * self.scale_exact).max(1.0);
+        let score_factor = self.head_dim as f64 * scale.max(1.0);
         // The element type's largest finite value bounds every magnitude: when even that stays
         // inside the edge (f16 with moderate scales), the inputs need not be read.
         let type_max = T::DTYPE.max_finite();
@@ -191,8 +203,9 @@ impl<'a> Problem<'a> {
 
 /// The edge of f32 for the fast paths, `2^126` (a quarter of f32's largest finite value): the
 /// bounds `head_dim · max|q| · max|k| · max(1, 2·scale)` on every raw score and base-2 logit,
-/// and `max|v| · Lk` on every f32 accumulator of `P·V`, must stay below it. Inputs beyond it
-/// get [`Error::BeyondF32`]; the oracle, in f64, computes them.
+/// `max|v| · Lk` on every f32 accumulator of `P·V`, and the factors `2·scale` and
+/// `scale / softcap` must stay below it. Inputs beyond it get [`Error::BeyondF32`]; the oracle,
+/// in f64, computes them.
 ///
 /// ```
 /// use ndarray::Array3;
@@ -211,21 +224,37 @@ pub const F32_EDGE: f64 = 8.507_059_173_023_462e37;
 const _: () = assert!(F32_EDGE == (1u128 << 126) as f64);
 
 /// The largest finite `|x|` (0 when there is none).
+///
+/// Magnitudes compare as their bit patterns with the sign cleared; those with an exponent of
+/// all ones (infinity, NaN) are left out. Lane-wise integer maxima over fixed chunks, which
+/// vectorise.
 fn max_finite_magnitude<T: Element>(x: ArrayView3<T>) -> f64 {
-    // A select rather than `f32::max`, so that the loop vectorises.
-    let fold = |m: f32, e: &T| {
-        let a = e.to_f32().abs();
-        if a > m && a <= f32::MAX {
-            a
-        } else {
-            m
-        }
-    };
-    match x.as_slice_memory_order() {
-        Some(s) => s.iter().fold(0.0, fold),
-        None => x.iter().fold(0.0, fold),
+    macro_rules! largest {
+        ($bits:ty, $magnitude:expr, $all_ones:expr) => {{
+            let (magnitude, all_ones): ($bits, $bits) = ($magnitude, $all_ones);
+            let finite = |b: $bits| if b & magnitude < all_ones { b & magnitude } else { 0 };
+            let bits: $bits = match x.as_slice_memory_order() {
+                Some(s) => {
+                    let s = bytemuck::cast_slice::<T, $bits>(s);
+                    let mut lanes = [0 as $bits; 32];
+                    let mut chunks = s.chunks_exact(32);
+                    for chunk in &mut chunks {
+                        for (l, &b) in lanes.iter_mut().zip(chunk) {
+                            *l = (*l).max(finite(b));
+                        }
+                    }
+                    chunks.remainder().iter().fold(lanes.into_iter().max().unwrap_or(0), |m, &b| m.max(finite(b)))
+                }
+                None => x.iter().fold(0, |m, e| m.max(finite(bytemuck::cast(*e)))),
+            };
+            bits
+        }};
     }
-    .into()
+    match T::DTYPE {
+        crate::DType::BF16 => half::bf16::from_bits(largest!(u16, 0x7fff, 0x7f80)).to_f64(),
+        crate::DType::F16 => half::f16::from_bits(largest!(u16, 0x7fff, 0x7c00)).to_f64(),
+        crate::DType::F32 => f32::from_bits(largest!(u32, 0x7fff_ffff, 0x7f80_0000)) as f64,
+    }
 }
 
 fn positive_finite(name: &'static str, value: f32) -> Result<f32, Error> {

@@ -72,6 +72,21 @@ fn inputs_beyond_the_edge_are_refused() {
         Err(Error::BeyondF32 { .. })
     ));
 
+    // Factors that overflow f32 on their own: a scale near f32::MAX (scale · log2(e)), a
+    // soft-cap near f32's smallest normal (scale / softcap; found by the fuzzer: zero scores
+    // times an infinite factor gave NaN).
+    let tiny = Array3::from_elem((2, 1, 4), 1e-30f32);
+    for (scale, softcap) in [(Some(3e38f32), None), (Some(6.4), Some(1.1755e-38f32))] {
+        let p = Params { softmax_scale: scale, softcap, ..Params::default() };
+        let err = varlen_attn::forward(tiny.view(), tiny.view(), tiny.view(), &[0, 2], &[0, 2], &p).unwrap_err();
+        assert!(matches!(err, Error::BeyondF32 { quantity, .. } if quantity.contains("scale")), "{err}");
+    }
+    // Just inside: an extreme but finite factor scale / softcap = 1e20.
+    let mut zeros = Array3::from_elem((20, 1, 4), 0.0f32);
+    zeros[[3, 0, 1]] = 1e-30;
+    let p = Params { softmax_scale: Some(1e-10), softcap: Some(1e-30), ..Params::default() };
+    check_paths(&cpu::<f32>(), &zeros, &zeros, &zeros, &[20], &[20], &p).unwrap();
+
     // Non-finite values do not count: they keep their own semantics (propagation).
     let mut nan = Array3::from_elem((2, 1, 4), 1.0f32);
     nan[[0, 0, 0]] = f32::INFINITY;

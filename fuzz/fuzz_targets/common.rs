@@ -85,13 +85,16 @@ pub fn check<T: Element>(
 }
 
 /// The documented edge (`varlen_attn::F32_EDGE`), computed here independently: whether
-/// `head_dim · max|q| · max|k| · max(1, 2·scale)` or `max|v| · (longest key sequence)` reaches
-/// 2^126.
+/// `head_dim · max|q| · max|k| · max(1, 2·scale)`, `max|v| · (longest key sequence)`,
+/// `2·scale` or `scale / softcap` reaches 2^126.
 fn beyond_f32_edge<T: Element>(q: ArrayView3<T>, k: ArrayView3<T>, v: ArrayView3<T>, cu_k: &[i32], params: &Params) -> bool {
     let max = |x: ArrayView3<T>| x.iter().map(|e| e.to_f32().abs() as f64).fold(0.0, f64::max);
     let d = q.dim().2 as f64;
     let scale = params.softmax_scale.map_or(1.0 / d.sqrt(), f64::from);
     let longest = cu_k.windows(2).map(|w| (w[1] - w[0]) as f64).fold(0.0, f64::max);
     let edge = 2f64.powi(126);
-    d * max(q) * max(k) * (2.0 * scale).max(1.0) >= edge || max(v) * longest >= edge
+    d * max(q) * max(k) * (2.0 * scale).max(1.0) >= edge
+        || max(v) * longest >= edge
+        || 2.0 * scale >= edge
+        || params.softcap.is_some_and(|c| scale / c as f64 >= edge)
 }

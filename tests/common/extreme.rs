@@ -15,12 +15,22 @@ pub fn uniform<T: Element>(rng: &mut Rng, shape: (usize, usize, usize), amplitud
 
 /// The edge test computed independently of the crate: whether any bound of the fast paths'
 /// f32 arithmetic reaches 2^126.
-pub fn beyond_edge<T: Element>(q: &Array3<T>, k: &Array3<T>, v: &Array3<T>, k_lengths: &[usize], scale: f64) -> bool {
+pub fn beyond_edge<T: Element>(
+    q: &Array3<T>,
+    k: &Array3<T>,
+    v: &Array3<T>,
+    k_lengths: &[usize],
+    scale: f64,
+    softcap: Option<f32>,
+) -> bool {
     let max = |x: &Array3<T>| x.iter().map(|e| e.to_f32().abs() as f64).fold(0.0, f64::max);
     let d = q.dim().2 as f64;
     let longest = k_lengths.iter().copied().max().unwrap_or(0) as f64;
     let edge = 2f64.powi(126);
-    d * max(q) * max(k) * (2.0 * scale).max(1.0) >= edge || max(v) * longest >= edge
+    d * max(q) * max(k) * (2.0 * scale).max(1.0) >= edge
+        || max(v) * longest >= edge
+        || 2.0 * scale >= edge
+        || softcap.is_some_and(|c| scale / c as f64 >= edge)
 }
 
 /// Runs `paths` on one problem and checks each against the oracle (or the edge).
@@ -36,7 +46,7 @@ pub fn check_paths<T: Element>(
     let (cu_q, cu_k) = (cu_seqlens(q_lengths), cu_seqlens(k_lengths));
     let reference = oracle::reference(q.view(), k.view(), v.view(), &cu_q, &cu_k, base).unwrap();
     let scale = base.softmax_scale.map_or(1.0 / (q.dim().2 as f64).sqrt(), f64::from);
-    let beyond = beyond_edge(q, k, v, k_lengths, scale);
+    let beyond = beyond_edge(q, k, v, k_lengths, scale, base.softcap);
     for &(backend, isa) in paths {
         let params = Params { cpu_isa: isa, backend, ..base.clone() };
         match forward_with_lse(q.view(), k.view(), v.view(), &cu_q, &cu_k, &params) {
@@ -74,12 +84,13 @@ pub struct Extreme {
     seed: u64,
 }
 
-/// Decimal exponents of the magnitudes from `lo` to `hi`, the scale's from -30 to 30.
+/// Decimal exponents of the magnitudes from `lo` to `hi`, the scale's from -30 to 30, soft-caps
+/// moderate or from 1e-37 to 1e37.
 pub fn extreme(lo: f64, hi: f64) -> impl Strategy<Value = Extreme> {
     (
         prop::array::uniform3(lo..hi),
         prop::option::weighted(0.7, -30.0f64..30.0),
-        prop::option::weighted(0.2, 0.5f32..50.0),
+        prop::option::weighted(0.3, prop_oneof![0.5f32..50.0, (-37.0f64..37.0).prop_map(|e| 10f64.powf(e) as f32)]),
         any::<bool>(),
         prop::sample::select(vec![1usize, 8, 64, 72, 128]),
         prop::collection::vec(0usize..=80, 1..=3),
