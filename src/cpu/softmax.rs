@@ -4,7 +4,7 @@
 //! Scores are tracked in base-2 units: `x = s · scale · log2(e)`, so `p = exp2(x - m)` with the
 //! scale folded into one fused multiply-add.
 
-use super::math::{exp2, tanh};
+use super::math::{exp2_nonpositive, tanh};
 use core::ops::Range;
 use pulp::{Simd, WithSimd};
 
@@ -53,26 +53,45 @@ pub(crate) fn update<S: Simd>(
     visible: &dyn Fn(usize) -> Option<Range<usize>>,
     state: &mut RowState<'_>,
 ) {
+    assert!(rows <= MAX_ROWS && state.alpha.len() >= rows && state.sum.len() >= rows);
     let factor = map.log2_factor();
+    let mut block_sums = [0f32; MAX_ROWS];
     SoftCap { scores: &mut *scores, stride, rows, keys, map }.with_simd(simd);
     for r in 0..rows {
         let row = &mut scores[r * stride..r * stride + keys];
         if let Some(seen) = visible(r) {
             mask_outside(row, seen);
         }
-        let block_max = to_logits(simd, row, factor);
+        // Rounding is monotonic and the factor positive: the max of the rounded logits is the
+        // rounded logit of the max score.
+        let block_max = row_max(simd, row) * factor;
         let old_max = state.max[r];
         let new_max = old_max.max(block_max);
         // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps every
         // probability at exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
         let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-        let alpha = (old_max - shift).exp2();
-        let block_sum = exponentiate(simd, row, shift);
-        state.sum[r] = state.sum[r] * alpha + block_sum;
+        block_sums[r] = exponentiate(simd, row, factor, shift);
         state.max[r] = new_max;
-        state.alpha[r] = alpha;
+        // For now the exponent of alpha (at most 0); all rows' alphas are taken at once below.
+        state.alpha[r] = old_max - shift;
+    }
+    // alpha = 2^(old max - new max) for every row in vectors (one libm call per row was 2% of
+    // the time), and the sums rescaled by it.
+    let (alpha, alpha_tail) = S::as_mut_simd_f32s(&mut state.alpha[..rows]);
+    let (sum, sum_tail) = S::as_mut_simd_f32s(&mut state.sum[..rows]);
+    let (block, block_tail) = S::as_simd_f32s(&block_sums[..rows]);
+    for ((a, s), &b) in alpha.iter_mut().zip(sum.iter_mut()).zip(block) {
+        *a = exp2_nonpositive(simd, *a);
+        *s = simd.mul_add_f32s(*s, *a, b);
+    }
+    for ((a, s), &b) in alpha_tail.iter_mut().zip(sum_tail.iter_mut()).zip(block_tail) {
+        *a = exp2_nonpositive(pulp::Scalar::new(), *a);
+        *s = s.mul_add(*a, b);
     }
 }
+
+/// The most rows one call of [`update`] takes.
+pub(crate) const MAX_ROWS: usize = 64;
 
 /// Sets the scores outside `seen` to `-inf`, so that they get probability 0.
 #[inline(always)]
@@ -117,42 +136,37 @@ fn soft_cap<S: Simd>(simd: S, row: &mut [f32], scale_over_cap: f32, cap: f32) {
     }
 }
 
-/// `row[j] = row[j] · factor`, rounded: the base-2 logits. Returns their max (`-inf` for an
-/// empty row).
-///
-/// Rounding the logits before the max is subtracted is what keeps large finite scores finite:
-/// `exp2(logit - max)` is then exactly 1 at the max and at most 1 elsewhere, whereas a fused
-/// `score · factor - max` keeps the max's rounding error, up to half an ulp of the logit
-/// (`2^100` for a logit of `2^124`), and `exp2` of that overflows.
+/// The largest entry of `row` (`-inf` for an empty row).
 #[inline(always)]
-fn to_logits<S: Simd>(simd: S, row: &mut [f32], factor: f32) -> f32 {
-    let f = simd.splat_f32s(factor);
-    let (head, tail) = S::as_mut_simd_f32s(row);
+fn row_max<S: Simd>(simd: S, row: &[f32]) -> f32 {
+    let (head, tail) = S::as_simd_f32s(row);
     let mut acc = simd.splat_f32s(f32::NEG_INFINITY);
-    for x in head {
-        *x = simd.mul_f32s(*x, f);
-        acc = simd.max_f32s(acc, *x);
+    for &x in head {
+        acc = simd.max_f32s(acc, x);
     }
-    tail.iter_mut().fold(simd.reduce_max_f32s(acc), |m, x| {
-        *x *= factor;
-        m.max(*x)
-    })
+    tail.iter().fold(simd.reduce_max_f32s(acc), |m, &x| m.max(x))
 }
 
-/// `row[j] = exp2(row[j] - shift)` (every logit at most `shift`); returns the sum.
+/// `row[j] = exp2(round(row[j] · factor) - shift)`, with `shift` the largest rounded logit
+/// (or 0); returns the sum.
+///
+/// The logit is rounded before the shift is subtracted, a multiply and then a subtract, not
+/// one fused multiply-add: at the max the argument is then exactly 0, however large the
+/// logits, whereas `fma(x, factor, -shift)` keeps the max's rounding error, up to half an ulp
+/// of the logit (`2^100` for a logit of `2^124`), and `exp2` of that overflows.
 #[inline(always)]
-fn exponentiate<S: Simd>(simd: S, row: &mut [f32], shift: f32) -> f32 {
-    let shift_v = simd.splat_f32s(shift);
+fn exponentiate<S: Simd>(simd: S, row: &mut [f32], factor: f32, shift: f32) -> f32 {
+    let (f, shift_v) = (simd.splat_f32s(factor), simd.splat_f32s(shift));
     let (head, tail) = S::as_mut_simd_f32s(row);
     let mut sum = simd.splat_f32s(0.0);
     for x in head {
-        let p = exp2(simd, simd.sub_f32s(*x, shift_v));
+        let p = exp2_nonpositive(simd, simd.sub_f32s(simd.mul_f32s(*x, f), shift_v));
         *x = p;
         sum = simd.add_f32s(sum, p);
     }
     let mut total = simd.reduce_sum_f32s(sum);
     for x in tail {
-        let p = exp2(pulp::Scalar::new(), *x - shift);
+        let p = exp2_nonpositive(pulp::Scalar::new(), *x * factor - shift);
         *x = p;
         total += p;
     }
