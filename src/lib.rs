@@ -12,9 +12,10 @@
 //! output rounded once (to nearest even) to the input type.
 //!
 //! - [`forward`], [`forward_with_lse`], [`forward_into`]: the fast path. On the CPU, a
-//!   FlashAttention-style blocked online softmax with SIMD (AVX-512 BF16 dot products where the
-//!   CPU has them, else AVX-512, AVX2+FMA, NEON or scalar f32), parallel with rayon. With the
-//!   `gpu` feature, the same call can run on a GPU.
+//!   FlashAttention-style blocked online softmax with SIMD (for bf16, AMX tiles or AVX-512 BF16
+//!   dot products where the CPU has them; otherwise a register-blocked f32 microkernel on
+//!   AVX-512, AVX2+FMA, NEON or scalar code), parallel with rayon. With the `gpu` feature, the
+//!   same call can run on a GPU.
 //! - [`oracle`]: the plain formula in f64, public, for your own tests.
 //!
 //! # Example

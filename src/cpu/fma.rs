@@ -30,12 +30,13 @@ const KEY_BLOCK: usize = 96;
 /// product.
 const NR: usize = 2;
 
-/// Rows per register tile for `lanes`-wide vectors (see the module docs).
-const fn rows_per_tile(lanes: usize) -> usize {
-    if lanes == 8 || lanes == 1 {
-        6
-    } else {
+/// Rows per register tile for an instruction set with `registers` vector registers (see the
+/// module docs).
+const fn rows_per_tile(registers: usize) -> usize {
+    if registers >= 32 {
         12
+    } else {
+        6
     }
 }
 
@@ -118,7 +119,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
 
     #[inline(always)]
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        let mr = rows_per_tile(S::F32_LANES);
+        let mr = rows_per_tile(S::REGISTER_COUNT);
         let d = q.row(tokens.start, head).len();
         let mut row = [0f32; MAX_HEAD_DIM];
         for (r, token) in tokens.enumerate() {
@@ -160,7 +161,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     #[inline(always)]
     fn scores(&self, q: &[f32], k: &[f32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {
         let panel = NR * S::F32_LANES;
-        let mr = rows_per_tile(S::F32_LANES);
+        let mr = rows_per_tile(S::REGISTER_COUNT);
         assert!(keys.is_multiple_of(panel) && keys <= KEY_BLOCK && rows <= QUERY_BLOCK);
         assert!(q.len() >= rows * d && k.len() >= keys * d && s.len() >= rows * KEY_BLOCK);
         // Panel by panel: the panel (P keys × d) stays in L1 while every row of the block
@@ -227,7 +228,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         o: &mut [f32],
     ) {
         let w = S::F32_LANES;
-        let mr = rows_per_tile(w);
+        let mr = rows_per_tile(S::REGISTER_COUNT);
         let stride = <Self as TileKernel<T>>::o_stride(dv);
         let vectors = stride / w;
         assert!(rows <= QUERY_BLOCK && keys <= KEY_BLOCK);
@@ -329,7 +330,7 @@ unsafe fn value_tile_of<S: Simd>(
             }
         };
     }
-    let mr = rows_per_tile(S::F32_LANES);
+    let mr = rows_per_tile(S::REGISTER_COUNT);
     match (mr, m) {
         // SAFETY: the caller's guarantee.
         (6, 12) => unsafe { value_tile::<S, 12, 1>(simd, p, v, alpha, keys, stride, o) },

@@ -2,9 +2,16 @@
 //! query block) work items with rayon.
 //!
 //! The instruction set is chosen once per call, here; everything below is generic over it:
-//! `tile.rs` is the contract an instruction set implements, `fma.rs` the portable f32 kernel
-//! (pulp: AVX-512, AVX2+FMA, NEON, scalar), `bf16dot.rs` the AVX-512 BF16 kernel, `driver.rs`
-//! the blocked loop of one work item, `softmax.rs` and `math.rs` the shared online softmax.
+//! - `tile.rs`: the contract an instruction set's kernel implements (packing, the two products,
+//!   the softmax step);
+//! - the kernels: `fma.rs` the portable f32 microkernel (pulp: AVX-512, AVX2+FMA, NEON,
+//!   scalar), `bf16dot.rs` AVX-512 BF16 dot products, `amx.rs` AMX tiles, with `pack_bf16.rs`
+//!   their bf16 packing;
+//! - `driver.rs`: the blocked loop of one work item; `kv_cache.rs` K/V packed once per call;
+//!   `workspace.rs` each thread's scratch;
+//! - `softmax.rs` (f32) and `softmax_bf16.rs` (fused, bf16 probabilities) the online softmax,
+//!   `math.rs` its `exp2` and `tanh`;
+//! - `peak.rs`: the arithmetic-peak microbenchmarks behind every "% of peak".
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
