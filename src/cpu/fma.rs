@@ -22,7 +22,7 @@ use core::ops::Range;
 use pulp::Simd;
 
 /// Query rows per work item: a whole number of register tiles (6 or 12 rows).
-const QUERY_BLOCK: usize = 48;
+const QUERY_BLOCK: usize = 96;
 /// Keys per block: a whole number of panels for every lane count (16 on AVX2, 32 on AVX-512,
 /// 8 on NEON, 2 scalar).
 const KEY_BLOCK: usize = 96;

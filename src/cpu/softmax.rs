@@ -91,7 +91,7 @@ pub(crate) fn update<S: Simd>(
 }
 
 /// The most rows one call of [`update`] takes.
-pub(crate) const MAX_ROWS: usize = 64;
+pub(crate) const MAX_ROWS: usize = 128;
 
 /// Sets the scores outside `seen` to `-inf`, so that they get probability 0.
 #[inline(always)]
