@@ -164,15 +164,15 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         let mr = rows_per_tile(S::REGISTER_COUNT);
         assert!(keys.is_multiple_of(panel) && keys <= KEY_BLOCK && rows <= QUERY_BLOCK);
         assert!(q.len() >= rows * d && k.len() >= keys * d && s.len() >= rows * KEY_BLOCK);
-        // Panel by panel: the panel (P keys × d) stays in L1 while every row of the block
-        // streams past it.
-        for p in 0..keys / panel {
-            let k_panel = k[p * panel * d..].as_ptr();
-            let mut r = 0;
-            while r < rows {
-                let m = (rows - r).min(mr);
-                let (q, s) = (q[r * d..].as_ptr(), s[r * KEY_BLOCK + p * panel..].as_mut_ptr());
-                // (Row tile r / mr of Q starts at r · d: tiles are mr rows × d, `[d][mr]`.)
+        // Row tile by row tile: the tile of Q (d × mr) stays in L1 while the block's key panels
+        // stream past it.
+        let mut r = 0;
+        while r < rows {
+            let m = (rows - r).min(mr);
+            // Row tile r / mr of Q starts at r · d: tiles are mr rows × d, `[d][mr]`.
+            let q = q[r * d..].as_ptr();
+            for p in 0..keys / panel {
+                let (k_panel, s) = (k[p * panel * d..].as_ptr(), s[r * KEY_BLOCK + p * panel..].as_mut_ptr());
                 macro_rules! tile {
                     ($($m:literal)*) => {
                         match m {
@@ -191,8 +191,8 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
                 } else {
                     tile!(1 2 3 4 5 6 7 8 9 10 11 12)
                 }
-                r += m;
             }
+            r += m;
         }
     }
 
