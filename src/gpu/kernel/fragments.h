@@ -8,34 +8,33 @@
 // Per-row running state of one 16-row fragment slice (this thread's rows g and g + 8).
 struct VaRows {
     int row[2];       // rows within the sequence
-    float max[2];     // running maximum of the base-2 logits
-    float sum[2];     // running sum of exp2(logit - max), this thread's columns only
+    float max[2];     // running maximum of the scores, in score units
+    float sum[2];     // running sum of exp2((s - max) · factor), this thread's columns only
 };
 
 VA_DEVICE VaRows va_rows(int first_row, int g) {
     return VaRows{{first_row + g, first_row + g + 8}, {VA_NEG_INF, VA_NEG_INF}, {0.0f, 0.0f}};
 }
 
-// One key tile of the online softmax: the scores become base-2 logits (scaled, or soft-capped),
-// masked keys -inf where `masked`, the new row maxima, and then `s` becomes the probabilities
-// exp2(logit - max) while the row sums are rescaled by the change of the maxima, which `alpha`
-// returns for the output (`va_rescale_fragment`). The logits are rounded before the max is
-// subtracted (a multiply, then a subtract, not one FMA): the max's own term is then exactly 0,
-// whereas fma(s, factor, -max) keeps the max's rounding error, up to half an ulp of the logit,
-// which overflows exp2 once logits pass 2^31 (large finite scores gave inf/NaN).
+// One key tile of the online softmax: soft-cap (in base-2 units), masked keys to -inf where
+// `masked`, the new row maxima, and then `s` becomes the probabilities exp2(s · factor - max ·
+// factor) (one FMA and one ex2 each) while the row sums are rescaled by the change of the maxima,
+// which `alpha` returns for the output (`va_rescale_fragment`). Scores stay in `factor` units:
+// factor is scale · log2(e), or 1 with a soft-cap.
+//
+// Large finite scores: the fused fma(s, factor, -max · factor) keeps the rounding error of
+// max · factor, up to half an ulp of the logit, which exp2 turns into inf or 0 for every score
+// of the row once logits pass 2^31 (inf/NaN outputs from finite inputs). Where a row's logits
+// reach 2^24 (never for ordinary inputs; the test is one vote per warp and tile) the scores are
+// first rounded to logits, so that the max's own term is exactly 0, as on the CPU.
 template <int NS>
 VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], VaRows& r, int key0, bool masked,
-                                   float (&alpha)[2]) {
+                                   float factor, float (&alpha)[2]) {
     if (VA_SOFTCAP && p.softcap > 0.0f) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = p.softcap * tanhf(s[n][e] * p.scale_over_softcap) * VA_LOG2E;
-    } else {
-#pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
     }
     if (masked) {
         // Each row's visible range once, then two compares and a select per score.
@@ -68,9 +67,18 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
         tile_max[i] = fmaxf(tile_max[i], va_shfl_xor(tile_max[i], 2));
         const float new_max = fmaxf(r.max[i], tile_max[i]);
         // A row that has seen only masked keys subtracts 0, not -inf (no NaN from inf - inf).
-        shift[i] = new_max == VA_NEG_INF ? 0.0f : new_max;
-        alpha[i] = va_exp2(r.max[i] - shift[i]);
+        shift[i] = new_max == VA_NEG_INF ? 0.0f : new_max * factor;
+        // Both logits rounded (no contraction into an FMA): the exponent is at most 0.
+        alpha[i] = va_exp2(__fmul_rn(r.max[i], factor) - shift[i]);
         r.max[i] = new_max;
+    }
+    float f = factor;
+    if (va_any(fabsf(shift[0]) >= 0x1p24f || fabsf(shift[1]) >= 0x1p24f)) {
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] *= factor;
+        f = 1.0f;
     }
 #pragma unroll
     for (int c = 0; c < 4; ++c) chain[0][c] = chain[1][c] = 0.0f;
@@ -78,7 +86,7 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float pe = va_exp2(s[n][e] - shift[e / 2]);
+            const float pe = va_exp2(fmaf(s[n][e], f, -shift[e / 2]));
             s[n][e] = pe;
             chain[e / 2][n % 4] += pe;
         }
@@ -110,7 +118,8 @@ template <int NS> VA_DEVICE void va_probability_fragment(va_u32 (&a)[4], const f
 
 // The row sums across the quad, then one write of O (or of this split's partial O) and the LSE.
 template <int NO>
-VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const float (&o)[NO][4], const VaRows& r, int t) {
+VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const float (&o)[NO][4], const VaRows& r, float factor,
+                                 int t) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float sum = r.sum[i];
@@ -119,7 +128,7 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
         if (r.row[i] >= tile.lq) continue;
         const int token = tile.q_start + r.row[i];
         const bool seen = sum != 0.0f; // no visible key (or only -inf scores): 0 and -inf
-        const float lse = seen ? r.max[i] * VA_LN2 + logf(sum) : VA_NEG_INF;
+        const float lse = seen ? r.max[i] * factor * VA_LN2 + logf(sum) : VA_NEG_INF;
         // One division per row (an IEEE division is a dozen instructions and a slow-path call;
         // per element they were most of the epilogue's code).
         const float inv = seen ? 1.0f / sum : 0.0f;

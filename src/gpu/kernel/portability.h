@@ -31,6 +31,7 @@ typedef long long va_i64;
 // The parameter block stays in constant memory even where the kernel indexes into it.
 #define VA_GRID_CONSTANT __grid_constant__
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask); }
+VA_DEVICE bool va_any(bool predicate) { return __any_sync(0xffffffffu, predicate); }
 
 #else // VA_AMD
 #include <hip/hip_runtime.h>
@@ -39,6 +40,7 @@ VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffff
 #define __launch_bounds_va(threads, blocks) __launch_bounds__(threads)
 #define VA_GRID_CONSTANT
 VA_DEVICE float va_shfl_xor(float v, int mask) { return __shfl_xor(v, mask); }
+VA_DEVICE bool va_any(bool predicate) { return __any(predicate); }
 #endif
 
 // ---- 16-bit floats as bit patterns -------------------------------------------------------

@@ -51,6 +51,7 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
         for (int n = 0; n < NO; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
         rows[mt] = va_rows(warp_first + mt * 16, g);
     }
+    const float factor = VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2;
 
     for (int j = tile.j_begin; j < tile.j_end; ++j) {
         const int buf = (j - tile.j_begin) & 1;
@@ -104,7 +105,7 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             float alpha[2];
-            va_softmax_fragment(p, tile, s[mt], rows[mt], j * VA_BLOCK_N + 2 * t, masked, alpha);
+            va_softmax_fragment(p, tile, s[mt], rows[mt], j * VA_BLOCK_N + 2 * t, masked, factor, alpha);
             va_rescale_fragment(o[mt], alpha);
         }
 
@@ -129,5 +130,5 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
     }
 
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) va_store_fragment(p, tile, o[mt], rows[mt], t);
+    for (int mt = 0; mt < MT; ++mt) va_store_fragment(p, tile, o[mt], rows[mt], factor, t);
 }

@@ -279,6 +279,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
     for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
     VaRows rows = va_rows(warp_first, g);
+    const float factor = VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2;
     const int tiles = tile.j_end - tile.j_begin;
 
     if (tiles > 0) {
@@ -291,7 +292,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
         const auto softmax = [&](int i) {
             const int j = tile.j_begin + i;
             const bool masked = va_tile_needs_mask(p, tile, j, warp_first, warp_last);
-            va_softmax_fragment(p, tile, s, rows, j * VA_BLOCK_N + 2 * t, masked, alpha);
+            va_softmax_fragment(p, tile, s, rows, j * VA_BLOCK_N + 2 * t, masked, factor, alpha);
         };
         const auto probabilities = [&] {
 #pragma unroll
@@ -339,7 +340,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
         va_fence_registers(o_flat);
     }
 
-    va_store_fragment(p, tile, o, rows, t);
+    va_store_fragment(p, tile, o, rows, factor, t);
 }
 
 VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va_u16* smem, const VaTensorMap* k_map,
