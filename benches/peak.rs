@@ -12,7 +12,7 @@ fn main() {
         return;
     }
     println!("{:<12} {:>8} {:>12}", "unit", "threads", "GFLOP/s");
-    for unit in [PeakUnit::AmxBf16, PeakUnit::Bf16Dot, PeakUnit::F32Fma] {
+    for unit in [PeakUnit::AmxBf16, PeakUnit::Bf16Dot, PeakUnit::F32Fma, PeakUnit::F32FmaAvx2] {
         for threads in [1, 2] {
             match measure_peak(unit, threads, Duration::from_millis(500)) {
                 Some(flops) => println!("{:<12} {:>8} {:>12.1}", format!("{unit:?}"), threads, flops / 1e9),

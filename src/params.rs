@@ -14,6 +14,38 @@ pub enum Backend {
     Gpu,
 }
 
+impl Backend {
+    /// Every backend, in the order of [`Backend::name`]'s table.
+    pub const ALL: [Backend; 3] = [Backend::Auto, Backend::Cpu, Backend::Gpu];
+
+    /// A short name for messages and command lines.
+    ///
+    /// ```
+    /// assert_eq!(varlen_attn::Backend::Gpu.name(), "gpu");
+    /// ```
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Auto => "auto",
+            Backend::Cpu => "cpu",
+            Backend::Gpu => "gpu",
+        }
+    }
+}
+
+impl core::str::FromStr for Backend {
+    type Err = String;
+
+    /// The backend [`Backend::name`] names.
+    ///
+    /// ```
+    /// assert_eq!("cpu".parse::<varlen_attn::Backend>(), Ok(varlen_attn::Backend::Cpu));
+    /// assert!("tpu".parse::<varlen_attn::Backend>().is_err());
+    /// ```
+    fn from_str(name: &str) -> Result<Self, String> {
+        from_name(&Backend::ALL, name, Backend::name)
+    }
+}
+
 /// Which CPU instruction set the CPU kernel uses.
 ///
 /// `Auto` picks the best the CPU has; the others force one path (for tests and comparisons) and
@@ -40,6 +72,10 @@ pub enum CpuIsa {
 }
 
 impl CpuIsa {
+    /// Every instruction-set choice, in the order of [`CpuIsa::name`]'s table.
+    pub const ALL: [CpuIsa; 7] =
+        [CpuIsa::Auto, CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx, CpuIsa::Neon];
+
     /// A short name for messages and tables.
     ///
     /// ```
@@ -56,6 +92,29 @@ impl CpuIsa {
             CpuIsa::Neon => "neon",
         }
     }
+}
+
+impl core::str::FromStr for CpuIsa {
+    type Err = String;
+
+    /// The instruction set [`CpuIsa::name`] names.
+    ///
+    /// ```
+    /// use varlen_attn::CpuIsa;
+    /// assert_eq!("avx512-bf16".parse::<CpuIsa>(), Ok(CpuIsa::Avx512Bf16));
+    /// assert!("sse2".parse::<CpuIsa>().unwrap_err().contains("avx2"));
+    /// ```
+    fn from_str(name: &str) -> Result<Self, String> {
+        from_name(&CpuIsa::ALL, name, CpuIsa::name)
+    }
+}
+
+/// The value of `all` whose name is `name`, or a message listing the names.
+fn from_name<T: Copy>(all: &[T], name: &str, name_of: fn(T) -> &'static str) -> Result<T, String> {
+    all.iter().copied().find(|&x| name_of(x) == name).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|&x| name_of(x)).collect();
+        format!("`{name}` is not one of {}", names.join(", "))
+    })
 }
 
 /// Parameters of an attention call. Every field is public; start from the default.

@@ -102,6 +102,7 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
         _ if on_gpu => None,
         CpuIsa::Amx => Some(PeakUnit::AmxBf16),
         CpuIsa::Avx512Bf16 => Some(PeakUnit::Bf16Dot),
+        CpuIsa::Avx2 => Some(PeakUnit::F32FmaAvx2),
         _ => Some(PeakUnit::F32Fma),
     };
     let peak = peak_unit.and_then(|u| varlen_attn::measure_peak(u, threads, Duration::from_millis(300)));
@@ -220,6 +221,7 @@ fn peak_name(unit: PeakUnit) -> &'static str {
         PeakUnit::AmxBf16 => "AMX tdpbf16ps",
         PeakUnit::Bf16Dot => "vdpbf16ps",
         PeakUnit::F32Fma => "f32 FMA",
+        PeakUnit::F32FmaAvx2 => "f32 FMA, AVX2",
     }
 }
 

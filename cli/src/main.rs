@@ -57,29 +57,22 @@ struct AttentionArgs {
     #[arg(long, allow_negative_numbers = true)]
     softcap: Option<f32>,
     /// Where to run.
-    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
-    backend: BackendArg,
+    #[arg(long, default_value = "auto", value_parser = names_of(&Backend::ALL, Backend::name))]
+    backend: Backend,
     /// Force a CPU instruction set (for comparisons).
-    #[arg(long, value_enum, default_value_t = IsaArg::Auto)]
-    isa: IsaArg,
+    #[arg(long, default_value = "auto", value_parser = names_of(&CpuIsa::ALL, CpuIsa::name))]
+    isa: CpuIsa,
 }
 
-#[derive(clap::ValueEnum, Debug, Clone, Copy)]
-enum BackendArg {
-    Auto,
-    Cpu,
-    Gpu,
-}
-
-#[derive(clap::ValueEnum, Debug, Clone, Copy)]
-enum IsaArg {
-    Auto,
-    Scalar,
-    Avx2,
-    Avx512,
-    Avx512Bf16,
-    Amx,
-    Neon,
+/// A parser accepting exactly the library's names of `all` (listed by `--help`), through the
+/// library's `FromStr`.
+fn names_of<T>(all: &[T], name: fn(T) -> &'static str) -> impl clap::builder::TypedValueParser<Value = T>
+where
+    T: Copy + Send + Sync + 'static + core::str::FromStr<Err = String>,
+{
+    use clap::builder::TypedValueParser;
+    let names: Vec<&'static str> = all.iter().map(|&x| name(x)).collect();
+    clap::builder::PossibleValuesParser::new(names).map(|n| n.parse::<T>().expect("a listed name parses"))
 }
 
 impl AttentionArgs {
@@ -94,20 +87,8 @@ impl AttentionArgs {
             window_left,
             window_right,
             softcap: self.softcap,
-            backend: match self.backend {
-                BackendArg::Auto => Backend::Auto,
-                BackendArg::Cpu => Backend::Cpu,
-                BackendArg::Gpu => Backend::Gpu,
-            },
-            cpu_isa: match self.isa {
-                IsaArg::Auto => CpuIsa::Auto,
-                IsaArg::Scalar => CpuIsa::Scalar,
-                IsaArg::Avx2 => CpuIsa::Avx2,
-                IsaArg::Avx512 => CpuIsa::Avx512,
-                IsaArg::Avx512Bf16 => CpuIsa::Avx512Bf16,
-                IsaArg::Amx => CpuIsa::Amx,
-                IsaArg::Neon => CpuIsa::Neon,
-            },
+            backend: self.backend,
+            cpu_isa: self.isa,
         })
     }
 }
@@ -163,8 +144,8 @@ fn main() -> ExitCode {
                 scale: None,
                 window: None,
                 softcap: None,
-                backend: BackendArg::Auto,
-                isa: IsaArg::Auto,
+                backend: Backend::Auto,
+                isa: CpuIsa::Auto,
             },
         }),
         Some(Command::Bench(args)) => bench::run(args),

@@ -15,6 +15,9 @@ pub enum PeakUnit {
     Bf16Dot,
     /// f32 fused multiply-add on the widest registers pulp dispatches to.
     F32Fma,
+    /// f32 fused multiply-add on AVX2's 256-bit registers: the peak of the `avx2` path, also on
+    /// CPUs whose widest registers are AVX-512's.
+    F32FmaAvx2,
     /// AMX `tdpbf16ps` on 16×16 tiles (16 384 FLOP per instruction), operands in tiles.
     AmxBf16,
 }
@@ -38,6 +41,11 @@ pub fn measure_peak(unit: PeakUnit, threads: usize, duration: Duration) -> Optio
         PeakUnit::Bf16Dot if bf16_dot_available() => bf16_dot_batch_checked,
         PeakUnit::Bf16Dot => return None,
         PeakUnit::F32Fma => || pulp::Arch::new().dispatch(FmaBatch),
+        #[cfg(target_arch = "x86_64")]
+        PeakUnit::F32FmaAvx2 if pulp::x86::V3::try_new().is_some() => {
+            || pulp::x86::V3::try_new().map_or(0.0, |simd| <pulp::x86::V3 as Simd>::vectorize(simd, FmaBatch))
+        }
+        PeakUnit::F32FmaAvx2 => return None,
         #[cfg(target_arch = "x86_64")]
         PeakUnit::AmxBf16 if super::amx::available() => super::amx::peak_batch,
         PeakUnit::AmxBf16 => return None,
