@@ -75,6 +75,21 @@ fn widen_slice<T: Element>(src: &[T], dst: &mut [f32]) {
     }
 }
 
+/// Packs the rows `tokens` of `head` in groups of `width` rows, each group `[d][width]`
+/// (row `j` of the group in column `j`), widened to f32: Q's row tiles and K's key panels.
+#[inline(always)]
+fn pack_in_groups<T: Element>(rows: &Rows<T>, tokens: Range<usize>, head: usize, width: usize, dst: &mut [f32]) {
+    let d = rows.row(tokens.start, head).len();
+    let mut row = [0f32; MAX_HEAD_DIM];
+    for (j, token) in tokens.enumerate() {
+        widen(rows.row(token, head), &mut row[..d]);
+        let first = (j / width) * d * width + j % width;
+        for (dd, &x) in row[..d].iter().enumerate() {
+            dst[first + dd * width] = x;
+        }
+    }
+}
+
 /// One vector from `p` (no alignment needed).
 ///
 /// # Safety
@@ -119,31 +134,16 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
 
     #[inline(always)]
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        let mr = rows_per_tile(S::REGISTER_COUNT);
-        let d = q.row(tokens.start, head).len();
-        let mut row = [0f32; MAX_HEAD_DIM];
-        for (r, token) in tokens.enumerate() {
-            widen(q.row(token, head), &mut row[..d]);
-            let first = (r / mr) * d * mr + r % mr;
-            for (dd, &x) in row[..d].iter().enumerate() {
-                dst[first + dd * mr] = x;
-            }
-        }
+        pack_in_groups(q, tokens, head, rows_per_tile(S::REGISTER_COUNT), dst);
     }
 
     #[inline(always)]
     fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
         let panel = NR * S::F32_LANES;
         let d = k.row(tokens.start, head).len();
+        // Zero keys up to a whole panel: they score 0 and are masked by the driver.
         dst[..round_up(tokens.len(), panel) * d].fill(0.0);
-        let mut row = [0f32; MAX_HEAD_DIM];
-        for (j, token) in tokens.enumerate() {
-            widen(k.row(token, head), &mut row[..d]);
-            let first = (j / panel) * d * panel + j % panel;
-            for (dd, &x) in row[..d].iter().enumerate() {
-                dst[first + dd * panel] = x;
-            }
-        }
+        pack_in_groups(k, tokens, head, panel, dst);
     }
 
     #[inline(always)]
