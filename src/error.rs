@@ -116,9 +116,9 @@ pub enum Error {
     },
 
     /// Finite inputs so large that the fast paths' f32 arithmetic could overflow: a bound on
-    /// the scores (or base-2 logits) or on the `P·V` sums reaches
-    /// [`F32_EDGE`](crate::F32_EDGE) (`2^126`), e.g. f32 inputs near `1e19` at head_dim 64.
-    /// The oracle computes such inputs in f64.
+    /// the scores (or base-2 logits) or on the `P·V` sums, or one of the factors `2·scale` and
+    /// `scale / softcap`, reaches [`F32_EDGE`](crate::F32_EDGE) (`2^126`), e.g. f32 inputs near
+    /// `1e19` at head_dim 64. The oracle computes such inputs in f64.
     #[error(
         "inputs beyond f32's range: {quantity} = {value:e} reaches 2^126, where f32 scores or sums could overflow"
     )]

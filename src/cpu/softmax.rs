@@ -1,8 +1,9 @@
 //! The online softmax over one block of scores (FlashAttention's running max and sum), in f32,
 //! written once against `pulp::Simd`.
 //!
-//! Scores are tracked in base-2 units: `x = s · scale · log2(e)`, so `p = exp2(x - m)` with the
-//! scale folded into one fused multiply-add.
+//! Scores are tracked in base-2 units: `x = s · scale · log2(e)`, so `p = exp2(x - m)`, the
+//! logit rounded before the max is subtracted (see [`exponentiate`] for why not one fused
+//! multiply-add).
 
 use super::math::{exp2_nonpositive, tanh};
 use core::ops::Range;

@@ -95,7 +95,7 @@ unsafe fn rows_update<const N: usize>(
     let f = _mm512_set1_ps(factor);
     for r in 0..rows {
         let row = s[r * stride..].as_ptr();
-        // The base-2 logits, rounded before the max is subtracted (see `softmax::to_logits`:
+        // The base-2 logits, rounded before the max is subtracted (see `softmax::exponentiate`:
         // a fused multiply-subtract would keep the max's rounding error, which overflows
         // `exp2` for large finite scores).
         // SAFETY: n < N: 16 N <= stride, inside row r (asserted).
