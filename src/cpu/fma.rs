@@ -163,7 +163,8 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         let panel = NR * S::F32_LANES;
         let mr = rows_per_tile(S::REGISTER_COUNT);
         assert!(keys.is_multiple_of(panel) && keys <= KEY_BLOCK && rows <= QUERY_BLOCK);
-        assert!(q.len() >= rows * d && k.len() >= keys * d && s.len() >= rows * KEY_BLOCK);
+        // A partial last row tile still spans a whole tile of Q (`[d][mr]`, `m` columns read).
+        assert!(q.len() >= rows.next_multiple_of(mr) * d && k.len() >= keys * d && s.len() >= rows * KEY_BLOCK);
         // Row tile by row tile: the tile of Q (d × mr) stays in L1 while the block's key panels
         // stream past it.
         let mut r = 0;
@@ -176,11 +177,10 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
                 macro_rules! tile {
                     ($($m:literal)*) => {
                         match m {
-                            // SAFETY: the row tile of q (d × mr from r · d, m rows used)
-                            // and rows r..r + m of s (a panel's P columns at row stride
+                            // SAFETY: the row tile of q (d × mr from r · d, m rows used),
+                            // rows r..r + m of s (a panel's P columns at row stride
                             // KEY_BLOCK) and the panel's d × P packed keys are inside the
-                            // slices (asserted above; a partial tile ends the block, whose
-                            // q holds QUERY_BLOCK · d).
+                            // slices (asserted above: q holds every row tile whole).
                             $($m => unsafe { score_tile::<S, $m>(self.simd, q, mr, d, k_panel, s) },)*
                             _ => unreachable!(),
                         }
