@@ -77,7 +77,7 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] *= factor;
+            for (int e = 0; e < 4; ++e) s[n][e] = __fmul_rn(s[n][e], factor); // never fused with the subtraction
         f = 1.0f;
     }
 #pragma unroll

@@ -62,7 +62,9 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
         for (int n = 0; n < NS; ++n) {
             for (int i = 0; i < 4; ++i) {
                 float x = s[n][i];
-                // Base-2 logits, rounded before the max is subtracted (see va_softmax_fragment).
+                // Base-2 logits, rounded before the max is subtracted, so that the max's own term is
+                // exactly 0 however large the scores (fragments.h: a fused multiply-subtract keeps
+                // the max's rounding error; the NVIDIA tiles take this path only for huge logits).
                 x = VA_SOFTCAP && p.softcap > 0.0f ? p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E : x * p.scale_log2;
                 const int row = m0 + wave * 16 + 4 * quad + i, key = j * VA_BLOCK_N + n * 16 + col;
                 x = va_key_visible(p, tile, row, key) ? x : VA_NEG_INF;
