@@ -8,7 +8,7 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use half::bf16;
 use ndarray::Array3;
 use std::time::Duration;
-use varlen_attn::{workloads::SEED_SHAPES, Backend, Params};
+use varlen_attn::{internal::workloads::SEED_SHAPES, Backend, Params};
 
 fn max_flop() -> f64 {
     std::env::var("VARLEN_BENCH_MAX_FLOP").ok().and_then(|s| s.parse().ok()).unwrap_or(2e11)

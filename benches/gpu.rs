@@ -13,7 +13,7 @@
 use half::bf16;
 use std::time::Instant;
 use varlen_attn::gpu::{forward_device, Device, DeviceTensor, DeviceTensorMut};
-use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, Params};
+use varlen_attn::{internal::workloads::SEED_SHAPES, oracle, Backend, Params};
 
 fn selection() -> Vec<usize> {
     let arg = std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_else(|| "0-20".into());

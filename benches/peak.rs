@@ -4,7 +4,7 @@
 //! `cargo bench --bench peak`
 
 use std::time::Duration;
-use varlen_attn::{measure_peak, PeakUnit};
+use varlen_attn::internal::{measure_peak, PeakUnit};
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {

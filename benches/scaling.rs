@@ -7,7 +7,7 @@
 use half::bf16;
 use ndarray::Array3;
 use std::time::Instant;
-use varlen_attn::{workloads::Shape, Backend, Params};
+use varlen_attn::{internal::workloads::Shape, Backend, Params};
 
 fn main() {
     if std::env::args().any(|a| a == "--list") {

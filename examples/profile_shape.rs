@@ -1,7 +1,7 @@
 //! Runs one seed shape repeatedly (for profilers): `cargo run --release --example profile_shape -- 3 20`.
 use half::bf16;
 use ndarray::Array3;
-use varlen_attn::{workloads::SEED_SHAPES, Params};
+use varlen_attn::{internal::workloads::SEED_SHAPES, Params};
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();

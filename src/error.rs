@@ -151,6 +151,17 @@ pub enum Error {
     /// A GPU call failed (compile, allocation, launch, copy).
     #[error("GPU error: {0}")]
     Gpu(String),
+
+    /// A device buffer is shorter than the tensor laid over it needs.
+    #[error("{arg} needs {needed} elements but its device buffer holds {len}")]
+    BufferTooSmall {
+        /// The argument's name (`"device tensor"`, `"device output"`, `"lse"`).
+        arg: &'static str,
+        /// Elements the shape and strides reach.
+        needed: usize,
+        /// Elements the buffer holds.
+        len: usize,
+    },
 }
 
 /// The rule a `cu_seqlens` entry breaks.

@@ -51,14 +51,14 @@ mod cpu;
 mod element;
 mod error;
 pub mod gpu;
+#[doc(hidden)]
+pub mod internal;
 mod layout;
 mod mask;
 pub mod oracle;
 mod params;
 mod problem;
-pub mod workloads;
 
-pub use cpu::peak::{measure_peak, PeakUnit};
 pub use element::{DType, Element};
 pub use error::{CuSeqlensRule, Error};
 pub use params::{Backend, CpuIsa, Params};

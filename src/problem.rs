@@ -199,6 +199,22 @@ impl<'a> Problem<'a> {
         }
         Ok(())
     }
+
+    /// Checks that a kernel which multiplies whole key tiles (the GPU's) computes this problem
+    /// exactly. Masked keys get probability 0, and `0 · inf` is NaN: with a causal or windowed
+    /// mask, a non-finite value in `v` would reach the rows of its tile that do not see its
+    /// key, where the semantics say it must not. The CPU path skips such keys row by row;
+    /// tiled kernels are refused ([`Error::GpuUnsupported`]), so `Backend::Auto` runs these
+    /// inputs on the CPU.
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+    pub fn check_values_for_tiled_kernels<T: Element>(&self, v: ArrayView3<T>) -> Result<(), Error> {
+        if !self.mask.is_full() && v.iter().any(|x| !x.to_f32().is_finite()) {
+            return Err(Error::GpuUnsupported(
+                "non-finite values in v with a causal or windowed mask (the CPU path keeps them out of rows that do not see them)".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The edge of f32 for the fast paths, `2^126` (a quarter of f32's largest finite value): the

@@ -6,7 +6,7 @@ use half::bf16;
 use ndarray::Array3;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use varlen_attn::{workloads::SEED_SHAPES, Params};
+use varlen_attn::{internal::workloads::SEED_SHAPES, Params};
 
 /// Counts every allocation, on every thread.
 struct Counting;

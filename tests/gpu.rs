@@ -15,7 +15,7 @@ use common::extreme::{check_extreme, check_paths, extreme, uniform};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use varlen_attn::gpu::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
-use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, CpuIsa, Params};
+use varlen_attn::{internal::workloads::SEED_SHAPES, oracle, Backend, CpuIsa, Params};
 
 /// The device, or `None` after printing (once) why there is none.
 fn device() -> Option<Device> {

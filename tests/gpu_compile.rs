@@ -9,7 +9,7 @@
 #[test]
 fn every_kernel_variant_compiles_for_nvidia() {
     for (major, minor) in [(9, 0), (8, 0)] {
-        match varlen_attn::gpu::compile_check_nvidia(major, minor) {
+        match varlen_attn::internal::compile_check_nvidia(major, minor) {
             Ok(n) => eprintln!("sm_{major}{minor}: {n} variants compiled"),
             Err(varlen_attn::Error::NoDevice(why)) if std::env::var_os("VARLEN_ATTN_REQUIRE_NVRTC").is_none() => {
                 eprintln!("note: skipping the NVRTC compile check: {why}");
@@ -28,7 +28,7 @@ fn every_kernel_variant_compiles_for_amd() {
         return;
     }
     let output = std::env::temp_dir().join(format!("varlen-attn-check-{}.co", std::process::id()));
-    let all = varlen_attn::gpu::hipcc_check_arguments("gfx90a");
+    let all = varlen_attn::internal::hipcc_check_arguments("gfx90a");
     for args in &all {
         let result = std::process::Command::new("hipcc")
             .current_dir(env!("CARGO_MANIFEST_DIR"))

@@ -10,7 +10,7 @@ mod common;
 use common::{cu_seqlens, random_tensor, Rng};
 use half::bf16;
 use ndarray::{s, Array3};
-use varlen_attn::{oracle, workloads::SEED_SHAPES, Element, Params};
+use varlen_attn::{internal::workloads::SEED_SHAPES, oracle, Element, Params};
 
 /// Neumaier's compensated sum.
 #[derive(Default)]

@@ -4,7 +4,7 @@
 mod common;
 
 use half::bf16;
-use varlen_attn::{oracle, workloads::SEED_SHAPES, Params};
+use varlen_attn::{internal::workloads::SEED_SHAPES, oracle, Params};
 
 #[test]
 fn seed_shapes_match_the_oracle() {

@@ -6,7 +6,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ndarray::Array3;
 use serde::Serialize;
 use std::time::{Duration, Instant};
-use varlen_attn::{oracle, workloads::SEED_SHAPES, Backend, CpuIsa, Element, PeakUnit};
+use varlen_attn::internal::{workloads::SEED_SHAPES, PeakUnit};
+use varlen_attn::{oracle, Backend, CpuIsa, Element};
 use varlen_attn_cli::Failure;
 
 /// Minimum warm-up time per shape before the timed calls.
@@ -105,7 +106,7 @@ fn run_typed<T: Element>(args: &BenchArgs) -> Result<(), Failure> {
         CpuIsa::Avx2 => Some(PeakUnit::F32FmaAvx2),
         _ => Some(PeakUnit::F32Fma),
     };
-    let peak = peak_unit.and_then(|u| varlen_attn::measure_peak(u, threads, Duration::from_millis(300)));
+    let peak = peak_unit.and_then(|u| varlen_attn::internal::measure_peak(u, threads, Duration::from_millis(300)));
     println!(
         "varlen-attn bench: {} on {}, {threads} threads{}",
         T::DTYPE,

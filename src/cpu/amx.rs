@@ -285,27 +285,8 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
         }
     }
 
-    fn softmax(
-        &self,
-        s: &mut [f32],
-        p: &mut [u32],
-        rows: usize,
-        keys: usize,
-        map: ScoreMap,
-        visible: &dyn Fn(usize) -> Option<Range<usize>>,
-        state: &mut RowState<'_>,
-    ) {
-        // Rows past `rows` up to the next tile row feed the second product: zero them.
-        let padded = rows.next_multiple_of(16).min(QUERY_BLOCK);
-        p[rows * KEY_BLOCK / 2..padded * KEY_BLOCK / 2].fill(0);
-        // SAFETY: AMX implies AVX-512F/BF16 (`available()` checks both); s holds QUERY_BLOCK ×
-        // KEY_BLOCK f32 and p QUERY_BLOCK × KEY_BLOCK / 2 u32, checked again inside.
-        unsafe { softmax_bf16::step(self.simd, s, KEY_BLOCK, p, rows, keys, map, visible, state) };
-    }
-
-    fn probability(&self, _s: &[f32], p: &[u32], r: usize, j: usize) -> f32 {
-        softmax_bf16::probability(p, KEY_BLOCK, r, j)
-    }
+    // Rows past `rows` up to the next tile row feed the second product: zeroed.
+    softmax_bf16::bf16_pair_softmax!(KEY_BLOCK, |rows: usize| rows.next_multiple_of(16).min(QUERY_BLOCK));
 
     fn accumulate(
         &self,

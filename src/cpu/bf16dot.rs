@@ -142,25 +142,7 @@ impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
         }
     }
 
-    fn softmax(
-        &self,
-        s: &mut [f32],
-        p: &mut [u32],
-        rows: usize,
-        keys: usize,
-        map: ScoreMap,
-        visible: &dyn Fn(usize) -> Option<Range<usize>>,
-        state: &mut RowState<'_>,
-    ) {
-        // SAFETY: the CPU has the features (this kernel exists only after `available()`); s
-        // holds QUERY_BLOCK × KEY_BLOCK f32 and p QUERY_BLOCK × KEY_BLOCK / 2 u32 (the driver's
-        // workspace, sized by p_len), checked again inside.
-        unsafe { softmax_bf16::step(self.simd, s, KEY_BLOCK, p, rows, keys, map, visible, state) };
-    }
-
-    fn probability(&self, _s: &[f32], p: &[u32], r: usize, j: usize) -> f32 {
-        softmax_bf16::probability(p, KEY_BLOCK, r, j)
-    }
+    softmax_bf16::bf16_pair_softmax!(KEY_BLOCK, |rows: usize| rows);
 
     fn accumulate(
         &self,

@@ -32,7 +32,7 @@ const BATCH: usize = 20_000;
 ///
 /// ```
 /// use std::time::Duration;
-/// use varlen_attn::{measure_peak, PeakUnit};
+/// use varlen_attn::internal::{measure_peak, PeakUnit};
 /// let fma = measure_peak(PeakUnit::F32Fma, 1, Duration::from_millis(20)).unwrap();
 /// assert!(fma > 1e8);
 /// ```

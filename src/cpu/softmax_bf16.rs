@@ -31,6 +31,38 @@ pub(crate) unsafe fn step(
     unsafe { update(s, stride, p, rows, keys, map.log2_factor(), visible, state) };
 }
 
+/// The `softmax` and `probability` methods of a `TileKernel` whose probabilities are bf16
+/// pairs (`Packed = u32`) at row stride `$key_block` bf16: the AMX and AVX-512 BF16 kernels'.
+/// Rows of `p` from `rows` up to `$padded(rows)` feed the second product and are zeroed first.
+/// The kernel must hold `simd: pulp::x86::V4` and exist only where AVX-512F and BF16 do.
+macro_rules! bf16_pair_softmax {
+    ($key_block:expr, $padded:expr) => {
+        fn softmax(
+            &self,
+            s: &mut [f32],
+            p: &mut [u32],
+            rows: usize,
+            keys: usize,
+            map: ScoreMap,
+            visible: &dyn Fn(usize) -> Option<Range<usize>>,
+            state: &mut RowState<'_>,
+        ) {
+            let padded: usize = $padded(rows);
+            p[rows * $key_block / 2..padded * $key_block / 2].fill(0);
+            // SAFETY: the kernel exists only after `available()` found AVX-512F and BF16
+            // (`self.simd` proves AVX-512); s holds QUERY_BLOCK × KEY_BLOCK f32 and p
+            // QUERY_BLOCK × KEY_BLOCK / 2 u32 (the driver's workspace, sized by p_len), checked
+            // again inside.
+            unsafe { softmax_bf16::step(self.simd, s, $key_block, p, rows, keys, map, visible, state) };
+        }
+
+        fn probability(&self, _s: &[f32], p: &[u32], r: usize, j: usize) -> f32 {
+            softmax_bf16::probability(p, $key_block, r, j)
+        }
+    };
+}
+pub(crate) use bf16_pair_softmax;
+
 /// The probability of row `r`, key `j` in bf16 pairs with `stride` bf16 per row.
 pub(crate) fn probability(p: &[u32], stride: usize, r: usize, j: usize) -> f32 {
     let pair = p[r * (stride / 2) + j / 2];

@@ -1,17 +1,18 @@
 //! The NVIDIA runtime: the CUDA driver and NVRTC, both opened at run time through cudarc (so the
 //! crate builds with no CUDA toolkit), kernels compiled per variant and cached.
 
-use super::plan::{KernelParams, Plan, Target, Variant};
+use super::plan::{KernelParams, Target, Variant};
+use super::runtime::{Dims, Entry, KernelCache, Runtime};
 use super::source;
 use super::tensor_map::{TensorMap, TensorMapShape};
+use super::tuning::Tuning;
 use super::workspace::Workspace;
 use crate::error::Error;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 // SAFETY: `KernelParams` is `#[repr(C)]` plain data (integers and floats) matching the kernel's
 // parameter struct, so its bytes are a valid kernel argument.
@@ -59,7 +60,7 @@ fn encode_tensor_map(shape: &TensorMapShape, f16: bool) -> Option<TensorMap> {
 }
 
 /// The two entry points of one compiled variant.
-struct Kernels {
+pub(crate) struct Kernels {
     attention: CudaFunction,
     merge: CudaFunction,
 }
@@ -72,10 +73,7 @@ pub(crate) struct CudaDevice {
     /// The kernel this GPU runs, chosen once when it is opened.
     target: Target,
     multiprocessors: usize,
-    /// Whether Hopper's kernel may copy whole key tiles by TMA (`VARLEN_ATTN_GPU_TMA=0` turns it
-    /// off, for comparisons; it then copies by cp.async only).
-    tma: bool,
-    kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
+    kernels: KernelCache<Kernels>,
     /// The key-split workspace, kept between calls.
     workspace: Workspace<CudaSlice<u8>>,
 }
@@ -132,46 +130,24 @@ impl CudaDevice {
             stream,
             name,
             capability,
-            target: Target::nvidia(capability.0, capability.1),
+            target: Target::nvidia(capability.0, capability.1, Tuning::get()),
             multiprocessors,
-            tma: std::env::var("VARLEN_ATTN_GPU_TMA").map_or(true, |v| v != "0"),
-            kernels: Mutex::new(HashMap::new()),
+            kernels: KernelCache::new(),
             workspace: Workspace::new(),
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn multiprocessors(&self) -> usize {
-        self.multiprocessors
-    }
-
-    /// The kernel this GPU runs: warpgroup MMAs on Hopper, `mma.sync` elsewhere.
-    pub fn target(&self) -> Target {
-        self.target
-    }
-
-    /// The kernels of `variant`, compiled on first use.
-    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
-        let mut cache =
-            self.kernels.lock().map_err(|_| Error::Gpu("the kernel cache was poisoned by a panic".into()))?;
-        if let Some(k) = cache.get(&variant) {
-            return Ok(k.clone());
-        }
+    /// Compiles `variant` with NVRTC and loads its kernels.
+    fn compile(&self, variant: Variant) -> Result<Kernels, Error> {
         let (major, minor) = self.capability;
-        let mut options = source::nvrtc_options(&variant, major, minor);
-        // For tuning: VARLEN_ATTN_GPU_DEFINES="-DVA_X=1 ..." adds definitions to every variant.
-        if let Ok(extra) = std::env::var("VARLEN_ATTN_GPU_DEFINES") {
-            options.extend(extra.split_whitespace().map(String::from));
-        }
-        let options = cudarc::nvrtc::CompileOptions { options, ..Default::default() };
+        let options = cudarc::nvrtc::CompileOptions {
+            options: source::nvrtc_options(&variant, major, minor),
+            ..Default::default()
+        };
         let ptx = cudarc::nvrtc::compile_ptx_with_opts(source::kernel_source(), options)
             .map_err(|e| Error::Gpu(format!("NVRTC could not compile the kernel for {variant:?}: {e}")))?;
-        // For tuning: VARLEN_ATTN_DUMP_PTX=folder keeps each variant's PTX (for `ptxas -v`).
-        if let Some(folder) = std::env::var_os("VARLEN_ATTN_DUMP_PTX") {
-            let path = std::path::Path::new(&folder).join(format!(
+        if let Some(folder) = &Tuning::get().dump_ptx {
+            let path = folder.join(format!(
                 "attention_{:?}_d{}_dv{}_n{}_{}.ptx",
                 variant.target,
                 variant.head_dim_pad,
@@ -184,94 +160,58 @@ impl CudaDevice {
             }
         }
         let module = self.stream.context().load_module(ptx).map_err(gpu_error("loading the compiled kernel"))?;
-        let attention =
-            module.load_function("va_attention_forward").map_err(gpu_error("finding va_attention_forward"))?;
-        let merge = module.load_function("va_attention_merge").map_err(gpu_error("finding va_attention_merge"))?;
+        let load = |entry: Entry| module.load_function(entry.name()).map_err(gpu_error("finding a kernel"));
+        let (attention, merge) = (load(Entry::Attention)?, load(Entry::Merge)?);
         attention
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 variant.shared_bytes() as i32,
             )
             .map_err(gpu_error("raising the kernel's shared-memory limit"))?;
-        let kernels = Arc::new(Kernels { attention, merge });
-        cache.insert(variant, kernels.clone());
-        Ok(kernels)
+        Ok(Kernels { attention, merge })
+    }
+}
+
+impl Runtime for CudaDevice {
+    type Buffer = CudaSlice<u8>;
+    type Kernels = Kernels;
+
+    fn name(&self) -> &str {
+        &self.name
     }
 
-    /// Device memory of `bytes` bytes (contents unspecified).
-    pub fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>, Error> {
+    fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    /// Warpgroup MMAs on Hopper, `mma.sync` elsewhere.
+    fn target(&self) -> Target {
+        self.target
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<CudaSlice<u8>, Error> {
         // SAFETY: u8 has no invalid bit patterns; every reader of the buffer writes it first or
         // reads bytes the caller uploaded.
         unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(gpu_error("allocating device memory"))
     }
 
-    pub fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, Error> {
+    fn upload(&self, bytes: &[u8]) -> Result<CudaSlice<u8>, Error> {
         self.stream.clone_htod(bytes).map_err(gpu_error("copying to the device"))
     }
 
-    pub fn download(&self, buffer: &CudaSlice<u8>, bytes: &mut [u8]) -> Result<(), Error> {
+    fn download(&self, buffer: &CudaSlice<u8>, bytes: &mut [u8]) -> Result<(), Error> {
         self.stream.memcpy_dtoh(&buffer.slice(0..bytes.len()), bytes).map_err(gpu_error("copying from the device"))
     }
 
-    pub fn address(&self, buffer: &CudaSlice<u8>) -> u64 {
+    fn address(&self, buffer: &CudaSlice<u8>) -> u64 {
         buffer.device_ptr(&self.stream).0
     }
 
-    pub fn synchronize(&self) -> Result<(), Error> {
+    fn synchronize(&self) -> Result<(), Error> {
         self.stream.synchronize().map_err(gpu_error("waiting for the GPU"))
     }
 
-    /// Enqueues `plan` (whose tensor pointers are filled in) on the stream, copying its
-    /// metadata over first unless it travels in the parameter block.
-    pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
-        let kernels = self.kernels(plan.variant)?;
-        let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
-        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc(bytes))?;
-        let params =
-            plan.params_at(metadata.as_ref().map(|m| self.address(m)), workspace.buffer().map(|w| self.address(w)));
-        if plan.tiles > 0 {
-            let config = LaunchConfig {
-                grid_dim: plan.grid(),
-                block_dim: (plan.variant.threads() as u32, 1, 1),
-                shared_mem_bytes: plan.variant.shared_bytes() as u32,
-            };
-            let mut launch = self.stream.launch_builder(&kernels.attention);
-            launch.arg(&params);
-            // Hopper's kernel also takes the tensor maps of K and V, and whether both encoded.
-            let (maps, tma);
-            if plan.variant.target == Target::Wgmma {
-                let encoded = plan.key_value_shapes().map(|shape| {
-                    if self.tma {
-                        encode_tensor_map(&shape, plan.variant.f16)
-                    } else {
-                        None
-                    }
-                });
-                tma = i32::from(encoded.iter().all(Option::is_some));
-                maps = encoded.map(Option::unwrap_or_default);
-                launch.arg(&maps[0]).arg(&maps[1]).arg(&tma);
-            }
-            // SAFETY: the parameter block matches the kernel's struct; every pointer in it is a
-            // live device allocation of the size the kernel indexes (validated shapes, strides
-            // and cu_seqlens; the workspace sized by the plan), and the kernel stays in bounds
-            // of them. The temporaries are freed stream-ordered, after the kernels.
-            unsafe { launch.launch(config) }.map_err(gpu_error("launching the attention kernel"))?;
-            if plan.splits > 1 {
-                let (blocks, threads) = plan.merge_grid();
-                let config =
-                    LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
-                let mut launch = self.stream.launch_builder(&kernels.merge);
-                launch.arg(&params);
-                // SAFETY: as above; the merge reads the workspace the first kernel wrote.
-                unsafe { launch.launch(config) }.map_err(gpu_error("launching the merge kernel"))?;
-            }
-        }
-        drop(metadata);
-        Ok(())
-    }
-
-    /// Milliseconds of GPU time that `work` enqueues on the stream (device events).
-    pub fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
+    fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
         let context = self.stream.context();
         let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let start = context.new_event(timing).map_err(gpu_error("creating an event"))?;
@@ -281,5 +221,48 @@ impl CudaDevice {
         end.record(&self.stream).map_err(gpu_error("recording an event"))?;
         end.synchronize().map_err(gpu_error("waiting for an event"))?;
         start.elapsed_ms(&end).map_err(gpu_error("reading an event"))
+    }
+
+    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
+        self.kernels.get_or_compile(variant, || self.compile(variant))
+    }
+
+    fn workspace(&self) -> &Workspace<CudaSlice<u8>> {
+        &self.workspace
+    }
+
+    fn tensor_maps(&self, shapes: [TensorMapShape; 2], f16: bool) -> Option<[TensorMap; 2]> {
+        if Tuning::get().no_tma {
+            return None;
+        }
+        Some([encode_tensor_map(&shapes[0], f16)?, encode_tensor_map(&shapes[1], f16)?])
+    }
+
+    unsafe fn launch(
+        &self,
+        kernels: &Kernels,
+        entry: Entry,
+        dims: Dims,
+        params: &KernelParams,
+        maps: Option<(&[TensorMap; 2], i32)>,
+    ) -> Result<(), Error> {
+        let function = match entry {
+            Entry::Attention => &kernels.attention,
+            Entry::Merge => &kernels.merge,
+        };
+        let config =
+            LaunchConfig { grid_dim: dims.grid, block_dim: (dims.threads, 1, 1), shared_mem_bytes: dims.shared_bytes };
+        let mut launch = self.stream.launch_builder(function);
+        launch.arg(params);
+        if let Some((maps, tma)) = &maps {
+            launch.arg(&maps[0]).arg(&maps[1]).arg(tma);
+        }
+        // SAFETY: the arguments match the kernel's parameters (the block, then on Hopper the
+        // two maps and the flag); the caller guarantees the addresses in the block.
+        unsafe { launch.launch(config) }.map_err(gpu_error(match entry {
+            Entry::Attention => "launching the attention kernel",
+            Entry::Merge => "launching the merge kernel",
+        }))?;
+        Ok(())
     }
 }

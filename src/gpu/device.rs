@@ -1,21 +1,18 @@
-//! The public GPU API (devices, device buffers, device tensors, `forward_device`) and the path
-//! that serves `forward` on host arrays. Without the `gpu` feature the types exist but cannot
-//! be constructed, and every entry answers `Error::GpuNotCompiled`.
+//! A GPU of either vendor behind one `Device`, and the device-resident run of a validated
+//! problem: the tensors' addresses into a plan, the plan through the vendor's runtime.
 
+use super::cuda::CudaDevice;
+use super::hip::{HipBuffer, HipDevice};
+use super::plan::{Gpu, Operand, Operands, Plan};
+use super::runtime::{self, Runtime};
+use super::tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
+use super::tuning::Tuning;
 use crate::element::{DType, Element};
 use crate::error::Error;
-use crate::params::Params;
 use crate::problem::Problem;
 use core::marker::PhantomData;
-#[cfg(feature = "gpu")]
 use core::sync::atomic::{AtomicU64, Ordering};
-use ndarray::{ArrayView3, ArrayViewMut2, ArrayViewMut3};
-
-#[cfg(feature = "gpu")]
-use super::{
-    cuda::CudaDevice,
-    plan::{Plan, Strides, Target},
-};
+use cudarc::driver::CudaSlice;
 
 /// One GPU and the stream the calls are queued on.
 ///
@@ -27,104 +24,73 @@ use super::{
 /// }
 /// ```
 pub struct Device {
-    #[cfg(feature = "gpu")]
-    inner: Inner,
+    runtime: Vendor,
     /// Tells this device's buffers from any other's (unique per opened device).
-    #[cfg(feature = "gpu")]
     id: u64,
-    #[cfg(not(feature = "gpu"))]
-    _never: core::convert::Infallible,
 }
 
-#[cfg(feature = "gpu")]
-enum Inner {
+/// The vendor's runtime of a [`Device`].
+enum Vendor {
     Cuda(CudaDevice),
-    Hip(super::hip::HipDevice),
+    Hip(HipDevice),
 }
 
-/// Device memory holding `len` values of `T`. It belongs to the [`Device`] that allocated it:
-/// calls on another `Device` (another queue, which would not wait for this one's work) refuse
-/// it with [`Error::Gpu`].
-pub struct DeviceBuffer<T> {
-    #[cfg(feature = "gpu")]
-    raw: Raw,
-    /// The id of the device that allocated it.
-    #[cfg(feature = "gpu")]
-    owner: u64,
-    len: usize,
-    _element: PhantomData<T>,
-    #[cfg(not(feature = "gpu"))]
-    _never: core::convert::Infallible,
+/// The memory of a [`DeviceBuffer`], as its vendor's runtime allocated it.
+pub(crate) enum Raw {
+    Cuda(CudaSlice<u8>),
+    Hip(HipBuffer),
 }
 
-#[cfg(feature = "gpu")]
-enum Raw {
-    Cuda(cudarc::driver::CudaSlice<u8>),
-    Hip(super::hip::HipBuffer),
+/// A vendor's runtime, and how its buffers sit in a [`Raw`].
+trait VendorRuntime: Runtime {
+    fn wrap(buffer: Self::Buffer) -> Raw;
+    fn unwrap(raw: &Raw) -> Option<&Self::Buffer>;
 }
 
-impl<T> DeviceBuffer<T> {
-    /// Number of values.
-    pub fn len(&self) -> usize {
-        self.len
+impl VendorRuntime for CudaDevice {
+    fn wrap(buffer: CudaSlice<u8>) -> Raw {
+        Raw::Cuda(buffer)
     }
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+    fn unwrap(raw: &Raw) -> Option<&CudaSlice<u8>> {
+        match raw {
+            Raw::Cuda(b) => Some(b),
+            Raw::Hip(_) => None,
+        }
     }
 }
 
-#[cfg(not(feature = "gpu"))]
-impl Device {
-    /// Opens GPU `ordinal`.
-    ///
-    /// # Errors
-    /// [`Error::GpuNotCompiled`]: this build has no `gpu` feature.
-    pub fn open(_ordinal: usize) -> Result<Device, Error> {
-        Err(Error::GpuNotCompiled)
+impl VendorRuntime for HipDevice {
+    fn wrap(buffer: HipBuffer) -> Raw {
+        Raw::Hip(buffer)
     }
-    /// The GPU's name.
-    pub fn name(&self) -> String {
-        match self._never {}
-    }
-    /// Copies host values to a new device buffer.
-    ///
-    /// # Errors
-    /// Never returns: no `Device` exists without the `gpu` feature.
-    pub fn upload<T: bytemuck::Pod>(&self, _host: &[T]) -> Result<DeviceBuffer<T>, Error> {
-        match self._never {}
-    }
-    /// A device buffer of `len` zeros.
-    ///
-    /// # Errors
-    /// Never returns: no `Device` exists without the `gpu` feature.
-    pub fn zeros<T: bytemuck::Pod>(&self, _len: usize) -> Result<DeviceBuffer<T>, Error> {
-        match self._never {}
-    }
-    /// Copies a device buffer back to the host (after the queued work).
-    ///
-    /// # Errors
-    /// Never returns: no `Device` exists without the `gpu` feature.
-    pub fn download<T: bytemuck::Pod>(&self, _buffer: &DeviceBuffer<T>) -> Result<Vec<T>, Error> {
-        match self._never {}
-    }
-    /// Waits for the queued work.
-    ///
-    /// # Errors
-    /// Never returns: no `Device` exists without the `gpu` feature.
-    pub fn synchronize(&self) -> Result<(), Error> {
-        match self._never {}
-    }
-    /// GPU milliseconds of the work `f` queues.
-    ///
-    /// # Errors
-    /// Never returns: no `Device` exists without the `gpu` feature.
-    pub fn time_ms(&self, _f: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
-        match self._never {}
+    fn unwrap(raw: &Raw) -> Option<&HipBuffer> {
+        match raw {
+            Raw::Hip(b) => Some(b),
+            Raw::Cuda(_) => None,
+        }
     }
 }
 
-#[cfg(feature = "gpu")]
+/// Runs `$body` with `$runtime` bound to the device's runtime, whichever vendor's it is.
+macro_rules! on_runtime {
+    ($device:expr, $runtime:ident => $body:expr) => {
+        match &$device.runtime {
+            Vendor::Cuda($runtime) => $body,
+            Vendor::Hip($runtime) => $body,
+        }
+    };
+}
+
+/// `raw` as `runtime`'s buffer, or an error for another vendor's.
+fn buffer_of<'a, R: VendorRuntime>(_runtime: &R, raw: &'a Raw) -> Result<&'a R::Buffer, Error> {
+    R::unwrap(raw).ok_or_else(|| Error::Gpu("the buffer belongs to another kind of device".into()))
+}
+
+/// A new buffer of `runtime` holding `bytes`.
+fn upload_to<R: VendorRuntime>(runtime: &R, bytes: &[u8]) -> Result<Raw, Error> {
+    runtime.upload(bytes).map(R::wrap)
+}
+
 impl Device {
     /// Opens GPU `ordinal`: an NVIDIA GPU through the CUDA driver and NVRTC, else an AMD GPU
     /// through HIP and hipRTC, all loaded at run time.
@@ -134,35 +100,22 @@ impl Device {
     pub fn open(ordinal: usize) -> Result<Device, Error> {
         static OPENED: AtomicU64 = AtomicU64::new(0);
         let id = OPENED.fetch_add(1, Ordering::Relaxed);
+        let text = |e: Error| match e {
+            Error::NoDevice(text) => text,
+            other => other.to_string(),
+        };
         match CudaDevice::open(ordinal) {
-            Ok(d) => Ok(Device { inner: Inner::Cuda(d), id }),
-            Err(cuda) => match super::hip::HipDevice::open(ordinal) {
-                Ok(d) => Ok(Device { inner: Inner::Hip(d), id }),
-                Err(hip) => Err(Error::NoDevice(format!("{}; {}", no_device_text(cuda), no_device_text(hip)))),
+            Ok(d) => Ok(Device { runtime: Vendor::Cuda(d), id }),
+            Err(cuda) => match HipDevice::open(ordinal) {
+                Ok(d) => Ok(Device { runtime: Vendor::Hip(d), id }),
+                Err(hip) => Err(Error::NoDevice(format!("{}; {}", text(cuda), text(hip)))),
             },
         }
     }
 
     /// The GPU's name.
     pub fn name(&self) -> String {
-        match &self.inner {
-            Inner::Cuda(d) => d.name().to_string(),
-            Inner::Hip(d) => d.name().to_string(),
-        }
-    }
-
-    fn multiprocessors(&self) -> usize {
-        match &self.inner {
-            Inner::Cuda(d) => d.multiprocessors(),
-            Inner::Hip(d) => d.multiprocessors(),
-        }
-    }
-
-    fn target(&self) -> Target {
-        match &self.inner {
-            Inner::Cuda(d) => d.target(),
-            Inner::Hip(_) => Target::Mfma,
-        }
+        on_runtime!(self, r => r.name().to_string())
     }
 
     /// Copies host values to a new device buffer.
@@ -171,10 +124,7 @@ impl Device {
     /// [`Error::Gpu`] when the allocation or the copy fails.
     pub fn upload<T: bytemuck::Pod>(&self, host: &[T]) -> Result<DeviceBuffer<T>, Error> {
         let bytes: &[u8] = bytemuck::cast_slice(host);
-        let raw = match &self.inner {
-            Inner::Cuda(d) => Raw::Cuda(d.upload(bytes)?),
-            Inner::Hip(d) => Raw::Hip(d.upload(bytes)?),
-        };
+        let raw = on_runtime!(self, r => upload_to(r, bytes)?);
         Ok(DeviceBuffer { raw, owner: self.id, len: host.len(), _element: PhantomData })
     }
 
@@ -194,11 +144,7 @@ impl Device {
         self.check_owner(buffer)?;
         let mut host = vec![T::zeroed(); buffer.len];
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut host);
-        match (&self.inner, &buffer.raw) {
-            (Inner::Cuda(d), Raw::Cuda(b)) => d.download(b, bytes)?,
-            (Inner::Hip(d), Raw::Hip(b)) => d.download(b, bytes)?,
-            _ => return Err(Error::Gpu("the buffer belongs to another kind of device".into())),
-        }
+        on_runtime!(self, r => r.download(buffer_of(r, &buffer.raw)?, bytes))?;
         Ok(host)
     }
 
@@ -207,10 +153,7 @@ impl Device {
     /// # Errors
     /// [`Error::Gpu`] when the GPU reports a failure.
     pub fn synchronize(&self) -> Result<(), Error> {
-        match &self.inner {
-            Inner::Cuda(d) => d.synchronize(),
-            Inner::Hip(d) => d.synchronize(),
-        }
+        on_runtime!(self, r => r.synchronize())
     }
 
     /// GPU milliseconds (device events) of the work `f` queues on this device.
@@ -218,10 +161,7 @@ impl Device {
     /// # Errors
     /// What `f` returns, or [`Error::Gpu`] from the events.
     pub fn time_ms(&self, f: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
-        match &self.inner {
-            Inner::Cuda(d) => d.time(f),
-            Inner::Hip(d) => d.time(f),
-        }
+        on_runtime!(self, r => r.time(f))
     }
 
     /// Buffers are used on the device (and stream) that allocated them only: another
@@ -238,348 +178,73 @@ impl Device {
 
     fn address<T>(&self, buffer: &DeviceBuffer<T>) -> Result<u64, Error> {
         self.check_owner(buffer)?;
-        match (&self.inner, &buffer.raw) {
-            (Inner::Cuda(d), Raw::Cuda(b)) => Ok(d.address(b)),
-            (Inner::Hip(_), Raw::Hip(b)) => Ok(b.address()),
-            _ => Err(Error::Gpu("the buffer belongs to another kind of device".into())),
+        on_runtime!(self, r => Ok(r.address(buffer_of(r, &buffer.raw)?)))
+    }
+
+    fn operand<T>(&self, buffer: &DeviceBuffer<T>, token_stride: usize, head_stride: usize) -> Result<Operand, Error> {
+        Ok(Operand { address: self.address(buffer)?, token_stride, head_stride })
+    }
+
+    /// Queues a validated problem on tensors of this device.
+    pub(super) fn run<T: Element>(
+        &self,
+        problem: &Problem,
+        q: &DeviceTensor<T>,
+        k: &DeviceTensor<T>,
+        v: &DeviceTensor<T>,
+        out: DeviceTensorMut<T>,
+        lse: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<(), Error> {
+        let f16 = match T::DTYPE {
+            DType::BF16 => false,
+            DType::F16 => true,
+            DType::F32 => return Err(f32_unsupported()),
+        };
+        if !out.token_stride.is_multiple_of(2) || !out.head_stride.is_multiple_of(2) {
+            return Err(Error::GpuUnsupported("the output's strides must be even (pairs are stored together)".into()));
         }
-    }
-
-    fn launch(&self, plan: &Plan) -> Result<(), Error> {
-        match &self.inner {
-            Inner::Cuda(d) => d.launch(plan),
-            Inner::Hip(d) => d.launch(plan),
-        }
-    }
-}
-
-#[cfg(feature = "gpu")]
-fn no_device_text(e: Error) -> String {
-    match e {
-        Error::NoDevice(text) => text,
-        other => other.to_string(),
-    }
-}
-
-/// A `[tokens, heads, dims]` tensor in device memory: a buffer, a shape, and the element
-/// strides of the token and head axes (the dims are contiguous).
-#[cfg_attr(not(feature = "gpu"), allow(dead_code))]
-pub struct DeviceTensor<'a, T> {
-    buffer: &'a DeviceBuffer<T>,
-    shape: [usize; 3],
-    token_stride: usize,
-    head_stride: usize,
-}
-
-/// A mutable `[tokens, heads, dims]` tensor in device memory (the output).
-#[cfg_attr(not(feature = "gpu"), allow(dead_code))]
-pub struct DeviceTensorMut<'a, T> {
-    buffer: &'a mut DeviceBuffer<T>,
-    shape: [usize; 3],
-    token_stride: usize,
-    head_stride: usize,
-}
-
-/// Checks that a strided `[tokens, heads, dims]` layout fits in `len` values and that rows start
-/// on 16-byte boundaries (the kernel copies rows in 16-byte pieces).
-fn check_layout(
-    arg: &'static str,
-    len: usize,
-    shape: [usize; 3],
-    token_stride: usize,
-    head_stride: usize,
-    elem: usize,
-) -> Result<(), Error> {
-    let align = 16 / elem;
-    if !token_stride.is_multiple_of(align) || !head_stride.is_multiple_of(align) {
-        return Err(Error::GpuUnsupported(format!(
-            "{arg}: strides ({token_stride}, {head_stride}) must be multiples of {align} elements (16 bytes)"
-        )));
-    }
-    let [t, h, d] = shape;
-    if t > 0 && h > 0 && d > 0 {
-        let last = (t - 1) * token_stride + (h - 1) * head_stride + d;
-        if last > len || (h > 1 && head_stride < d) {
-            return Err(Error::Shape { arg, axis: 0, expected: len, got: last });
-        }
-    }
-    Ok(())
-}
-
-impl<'a, T> DeviceTensor<'a, T> {
-    /// A contiguous `[tokens, heads, dims]` tensor over `buffer`.
-    ///
-    /// # Errors
-    /// As [`DeviceTensor::with_strides`].
-    pub fn new(buffer: &'a DeviceBuffer<T>, shape: [usize; 3]) -> Result<Self, Error> {
-        Self::with_strides(buffer, shape, shape[1] * shape[2], shape[2])
-    }
-
-    /// A strided tensor: element `(t, h, d)` at `t * token_stride + h * head_stride + d`.
-    ///
-    /// # Errors
-    /// [`Error::Shape`] when the tensor does not fit in the buffer;
-    /// [`Error::GpuUnsupported`] when a stride is not a multiple of 16 bytes.
-    pub fn with_strides(
-        buffer: &'a DeviceBuffer<T>,
-        shape: [usize; 3],
-        token_stride: usize,
-        head_stride: usize,
-    ) -> Result<Self, Error> {
-        check_layout("device tensor", buffer.len, shape, token_stride, head_stride, core::mem::size_of::<T>())?;
-        Ok(DeviceTensor { buffer, shape, token_stride, head_stride })
+        let operands = Operands {
+            q: self.operand(q.buffer, q.token_stride, q.head_stride)?,
+            k: self.operand(k.buffer, k.token_stride, k.head_stride)?,
+            v: self.operand(v.buffer, v.token_stride, v.head_stride)?,
+            out: self.operand(out.buffer, out.token_stride, out.head_stride)?,
+            lse: lse.map(|l| self.address(l)).transpose()?.unwrap_or(0),
+        };
+        on_runtime!(self, r => {
+            let gpu = Gpu { target: r.target(), multiprocessors: r.multiprocessors() };
+            let plan = Plan::new(problem, f16, gpu, Tuning::get(), operands);
+            // SAFETY: every operand is a live buffer of this device (checked by `address`),
+            // holding the shape and strides its tensor was checked against; the problem was
+            // validated against those shapes. `out` and `lse` are borrowed mutably for the call,
+            // and the buffers free stream-ordered, after the kernels.
+            unsafe { runtime::launch(r, &plan) }
+        })
     }
 }
 
-impl<'a, T> DeviceTensorMut<'a, T> {
-    /// A contiguous `[tokens, heads, dims]` output over `buffer`.
-    ///
-    /// # Errors
-    /// As [`DeviceTensor::with_strides`].
-    pub fn new(buffer: &'a mut DeviceBuffer<T>, shape: [usize; 3]) -> Result<Self, Error> {
-        Self::with_strides(buffer, shape, shape[1] * shape[2], shape[2])
-    }
-
-    /// A strided output; see [`DeviceTensor::with_strides`].
-    ///
-    /// # Errors
-    /// As [`DeviceTensor::with_strides`].
-    pub fn with_strides(
-        buffer: &'a mut DeviceBuffer<T>,
-        shape: [usize; 3],
-        token_stride: usize,
-        head_stride: usize,
-    ) -> Result<Self, Error> {
-        check_layout("device output", buffer.len, shape, token_stride, head_stride, core::mem::size_of::<T>())?;
-        Ok(DeviceTensorMut { buffer, shape, token_stride, head_stride })
-    }
-}
-
-/// Attention on tensors already in device memory, queued on `device`'s stream (it returns
-/// before the GPU finishes; [`Device::download`] and [`Device::synchronize`] wait). Same
-/// semantics and validation as [`crate::forward`]; `cu_seqlens` come from the host, where they
-/// are checked (and, for batches of over 64 sequences, copied: a few bytes). `lse`, if given,
-/// receives `[num_heads, total_q]`.
-///
-/// One difference: with a causal or windowed mask, a NaN or infinity in `v` can reach rows of
-/// the same 64-key tile that do not see its key (0 · inf is NaN in the tensor cores), because
-/// the values are not inspected on the device. The host-array call checks for this and
-/// refuses the GPU ([`Error::GpuUnsupported`]), so `Backend::Auto` computes such inputs exactly
-/// on the CPU. Likewise the magnitudes are not read: inputs beyond the edge of f32
-/// ([`crate::F32_EDGE`]), which the host-array call refuses with [`Error::BeyondF32`], may give
-/// inf or NaN here.
-///
-/// ```no_run
-/// use half::bf16;
-/// use varlen_attn::gpu::{forward_device, Device, DeviceTensor, DeviceTensorMut};
-/// let device = Device::open(0)?;
-/// let host = vec![bf16::from_f32(0.5); 4 * 2 * 64];
-/// let q = device.upload(&host)?;
-/// let mut out = device.zeros::<bf16>(host.len())?;
-/// let shape = [4, 2, 64];
-/// forward_device(&device, DeviceTensor::new(&q, shape)?, DeviceTensor::new(&q, shape)?, DeviceTensor::new(&q, shape)?,
-///                &[0, 4], &[0, 4], &Default::default(), DeviceTensorMut::new(&mut out, shape)?, None)?;
-/// assert_eq!(device.download(&out)?[0], bf16::from_f32(0.5));
-/// # Ok::<(), varlen_attn::Error>(())
-/// ```
-///
-/// # Errors
-/// As [`crate::forward`]; [`Error::GpuUnsupported`] for f32 or for strides the kernel cannot
-/// copy; [`Error::Gpu`] when the GPU fails.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_device<T: Element>(
-    device: &Device,
-    q: DeviceTensor<T>,
-    k: DeviceTensor<T>,
-    v: DeviceTensor<T>,
-    cu_seqlens_q: &[i32],
-    cu_seqlens_k: &[i32],
-    params: &Params,
-    out: DeviceTensorMut<T>,
-    lse: Option<&mut DeviceBuffer<f32>>,
-) -> Result<(), Error> {
-    let problem = Problem::new(q.shape, k.shape, v.shape, cu_seqlens_q, cu_seqlens_k, params)?;
-    problem.check_output("out", &out.shape)?;
-    if let Some(lse) = &lse {
-        if lse.len < problem.num_heads * problem.total_q {
-            return Err(Error::Shape {
-                arg: "lse",
-                axis: 1,
-                expected: problem.num_heads * problem.total_q,
-                got: lse.len,
-            });
-        }
-    }
-    run_on_device(device, &problem, &q, &k, &v, out, lse)
-}
-
-#[cfg(not(feature = "gpu"))]
-fn run_on_device<T: Element>(
-    device: &Device,
-    _problem: &Problem,
-    _q: &DeviceTensor<T>,
-    _k: &DeviceTensor<T>,
-    _v: &DeviceTensor<T>,
-    _out: DeviceTensorMut<T>,
-    _lse: Option<&mut DeviceBuffer<f32>>,
-) -> Result<(), Error> {
-    match device._never {}
-}
-
-#[cfg(feature = "gpu")]
-fn run_on_device<T: Element>(
-    device: &Device,
-    problem: &Problem,
-    q: &DeviceTensor<T>,
-    k: &DeviceTensor<T>,
-    v: &DeviceTensor<T>,
-    out: DeviceTensorMut<T>,
-    lse: Option<&mut DeviceBuffer<f32>>,
-) -> Result<(), Error> {
-    let f16 = match T::DTYPE {
-        DType::BF16 => false,
-        DType::F16 => true,
-        DType::F32 => return Err(f32_unsupported()),
-    };
-    if !out.token_stride.is_multiple_of(2) || !out.head_stride.is_multiple_of(2) {
-        return Err(Error::GpuUnsupported("the output's strides must be even (pairs are stored together)".into()));
-    }
-    let strides = |t: usize, h: usize| Strides { token: t, head: h };
-    let mut plan = Plan::new(
-        problem,
-        f16,
-        device.target(),
-        device.multiprocessors(),
-        strides(q.token_stride, q.head_stride),
-        strides(k.token_stride, k.head_stride),
-        strides(v.token_stride, v.head_stride),
-        strides(out.token_stride, out.head_stride),
-    );
-    plan.params.q = device.address(q.buffer)?;
-    plan.params.k = device.address(k.buffer)?;
-    plan.params.v = device.address(v.buffer)?;
-    plan.params.out = device.address(out.buffer)?;
-    plan.params.lse = match lse {
-        Some(l) => device.address(l)?,
-        None => 0,
-    };
-    device.launch(&plan)
-}
-
-#[cfg(feature = "gpu")]
-fn f32_unsupported() -> Error {
+pub(super) fn f32_unsupported() -> Error {
     Error::GpuUnsupported(
         "f32 input (the tensor cores take bf16 or f16): use Backend::Cpu or Backend::Auto for f32".into(),
     )
 }
 
 /// The device `Backend::Auto` and `Backend::Gpu` use: GPU 0, opened once.
-#[cfg(feature = "gpu")]
-fn default_device() -> Result<&'static Device, Error> {
+pub(super) fn default_device() -> Result<&'static Device, Error> {
     static DEVICE: std::sync::OnceLock<Result<Device, Error>> = std::sync::OnceLock::new();
     DEVICE.get_or_init(|| Device::open(0)).as_ref().map_err(Clone::clone)
 }
 
 /// Whether `Backend::Auto` should try the GPU for this element type.
 pub(crate) fn is_usable(dtype: DType) -> bool {
-    #[cfg(feature = "gpu")]
-    {
-        if dtype == DType::F32 {
-            return false;
-        }
-        match default_device() {
-            Ok(_) => true,
-            Err(e) => {
-                static ONCE: std::sync::Once = std::sync::Once::new();
-                ONCE.call_once(|| log::info!("varlen-attn: Backend::Auto runs on the CPU: {e}"));
-                false
-            }
-        }
+    if dtype == DType::F32 {
+        return false;
     }
-    #[cfg(not(feature = "gpu"))]
-    {
-        let _ = dtype;
-        false
-    }
-}
-
-/// Runs a validated problem on host arrays through the default GPU: packs q, k and v into
-/// 16-byte-aligned rows, copies them over, runs, copies the result back into `out` (and `lse`).
-pub(crate) fn forward<T: Element>(
-    problem: &Problem,
-    q: ArrayView3<T>,
-    k: ArrayView3<T>,
-    v: ArrayView3<T>,
-    mut out: ArrayViewMut3<T>,
-    lse: Option<ArrayViewMut2<f32>>,
-) -> Result<(), Error> {
-    #[cfg(not(feature = "gpu"))]
-    {
-        let _ = (problem, q, k, v, &mut out, lse);
-        Err(Error::GpuNotCompiled)
-    }
-    #[cfg(feature = "gpu")]
-    {
-        if T::DTYPE == DType::F32 {
-            return Err(f32_unsupported());
+    match default_device() {
+        Ok(_) => true,
+        Err(e) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| log::info!("varlen-attn: Backend::Auto runs on the CPU: {e}"));
+            false
         }
-        // With a mask, a tile's keys are seen by some rows and not others, and 0 · inf would
-        // reach rows that must not see a non-finite value: the CPU path handles that exactly.
-        if !problem.mask.is_full() && v.iter().any(|x| !x.to_f32().is_finite()) {
-            return Err(Error::GpuUnsupported(
-                "non-finite values in v with a causal or windowed mask (the CPU path keeps them out of rows that do not see them)".into(),
-            ));
-        }
-        let device = default_device()?;
-        let pad = |d: usize| d.next_multiple_of(8);
-        // Contiguous tensors whose rows are whole 16-byte pieces go over as they are; others are
-        // first packed into such rows.
-        let upload = |a: &ArrayView3<T>| -> Result<(DeviceBuffer<T>, [usize; 3], usize), Error> {
-            let (t, h, d) = a.dim();
-            if let (Some(slice), true) = (a.as_slice(), d % 8 == 0) {
-                return Ok((device.upload(slice)?, [t, h, d], d));
-            }
-            let row = pad(d);
-            let mut host = vec![T::default(); t * h * row];
-            for ((ti, hi, di), &x) in a.indexed_iter() {
-                host[(ti * h + hi) * row + di] = x;
-            }
-            Ok((device.upload(&host)?, [t, h, d], row))
-        };
-        let ((qb, q_shape, q_row), (kb, k_shape, k_row), (vb, v_shape, v_row)) =
-            (upload(&q)?, upload(&k)?, upload(&v)?);
-        let [t, h, dv] = problem.out_shape();
-        let out_row = pad(dv);
-        let mut ob = device.zeros::<T>((t * h * out_row).max(1))?;
-        let mut lb = match &lse {
-            Some(_) => Some(device.zeros::<f32>((h * t).max(1))?),
-            None => None,
-        };
-        let tensor = |b, shape: [usize; 3], row: usize| DeviceTensor::with_strides(b, shape, shape[1] * row, row);
-        run_on_device(
-            device,
-            problem,
-            &tensor(&qb, q_shape, q_row)?,
-            &tensor(&kb, k_shape, k_row)?,
-            &tensor(&vb, v_shape, v_row)?,
-            DeviceTensorMut::with_strides(&mut ob, [t, h, dv], h * out_row, out_row)?,
-            lb.as_mut(),
-        )?;
-        let result = device.download(&ob)?;
-        match out.as_slice_mut() {
-            Some(slice) if out_row == dv => slice.copy_from_slice(&result[..slice.len()]),
-            _ => {
-                for ((ti, hi, di), o) in out.indexed_iter_mut() {
-                    *o = result[(ti * h + hi) * out_row + di];
-                }
-            }
-        }
-        if let (Some(mut lse), Some(lb)) = (lse, lb) {
-            let values = device.download(&lb)?;
-            for ((hi, ti), l) in lse.indexed_iter_mut() {
-                *l = values[hi * t + ti];
-            }
-        }
-        Ok(())
     }
 }

@@ -5,14 +5,15 @@
 //! No AMD GPU is reachable from this project's machines: this path is compile-checked (the
 //! kernel with hipcc for gfx90a in CI, this file in every `gpu` build) but has never run.
 
-use super::plan::{Plan, Variant};
+use super::plan::{KernelParams, Target, Variant};
+use super::runtime::{Dims, Entry, KernelCache, Runtime};
 use super::source;
+use super::tensor_map::TensorMap;
 use super::workspace::Workspace;
 use crate::error::Error;
 use core::ffi::{c_char, c_int, c_uint, c_void};
-use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 type HipError = c_int;
 type Stream = *mut c_void;
@@ -224,12 +225,6 @@ unsafe impl Send for HipBuffer {}
 // SAFETY: as above; shared references only read the address.
 unsafe impl Sync for HipBuffer {}
 
-impl HipBuffer {
-    pub fn address(&self) -> u64 {
-        self.pointer as u64
-    }
-}
-
 impl Drop for HipBuffer {
     fn drop(&mut self) {
         // SAFETY: the pointer came from hipMalloc and is freed once. hipFree waits for the
@@ -238,7 +233,7 @@ impl Drop for HipBuffer {
     }
 }
 
-struct Kernels {
+pub(crate) struct Kernels {
     attention: Function,
     merge: Function,
 }
@@ -254,7 +249,7 @@ pub(crate) struct HipDevice {
     stream: Stream,
     name: String,
     multiprocessors: usize,
-    kernels: Mutex<HashMap<Variant, Arc<Kernels>>>,
+    kernels: KernelCache<Kernels>,
     /// The key-split workspace, kept between calls.
     workspace: Workspace<HipBuffer>,
 }
@@ -300,85 +295,9 @@ impl HipDevice {
             stream,
             name,
             multiprocessors: multiprocessors.max(1) as usize,
-            kernels: Mutex::new(HashMap::new()),
+            kernels: KernelCache::new(),
             workspace: Workspace::new(),
         })
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn multiprocessors(&self) -> usize {
-        self.multiprocessors
-    }
-
-    /// Device memory of `bytes` bytes (contents unspecified).
-    pub fn alloc(&self, bytes: usize) -> Result<HipBuffer, Error> {
-        let mut pointer = core::ptr::null_mut();
-        // SAFETY: hipMalloc writes the new allocation's address into a valid out-pointer.
-        unsafe { check("hipMalloc", (self.api.malloc)(&mut pointer, bytes.max(1)))? };
-        Ok(HipBuffer { pointer, api: self.api.clone() })
-    }
-
-    pub fn upload(&self, bytes: &[u8]) -> Result<HipBuffer, Error> {
-        let buffer = self.alloc(bytes.len())?;
-        // SAFETY: the copy reads `bytes.len()` bytes from a live slice into an allocation at
-        // least that large.
-        unsafe {
-            check("hipMemcpyHtoD", (self.api.memcpy_htod)(buffer.pointer, bytes.as_ptr().cast(), bytes.len()))?;
-        }
-        Ok(buffer)
-    }
-
-    pub fn download(&self, buffer: &HipBuffer, bytes: &mut [u8]) -> Result<(), Error> {
-        self.synchronize()?;
-        // SAFETY: copies `bytes.len()` bytes, no more than the buffer holds (the caller's
-        // element count), into a live mutable slice.
-        unsafe {
-            check("hipMemcpyDtoH", (self.api.memcpy_dtoh)(bytes.as_mut_ptr().cast(), buffer.pointer, bytes.len()))
-        }
-    }
-
-    pub fn synchronize(&self) -> Result<(), Error> {
-        // SAFETY: the stream handle is live for the device's lifetime.
-        unsafe { check("hipStreamSynchronize", (self.api.stream_synchronize)(self.stream)) }
-    }
-
-    /// The kernels of `variant`, compiled by hipRTC for this device on first use.
-    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
-        let mut cache =
-            self.kernels.lock().map_err(|_| Error::Gpu("the kernel cache was poisoned by a panic".into()))?;
-        if let Some(k) = cache.get(&variant) {
-            return Ok(k.clone());
-        }
-        let code = self.compile(&variant)?;
-        let mut module: Module = core::ptr::null_mut();
-        let (mut attention, mut merge): (Function, Function) = (core::ptr::null_mut(), core::ptr::null_mut());
-        // SAFETY: `code` is a code object hipRTC produced; the names are NUL-terminated; the
-        // attribute call names a function of the loaded module.
-        unsafe {
-            check("hipModuleLoadData", (self.api.module_load_data)(&mut module, code.as_ptr().cast()))?;
-            check(
-                "hipModuleGetFunction",
-                (self.api.module_get_function)(&mut attention, module, c"va_attention_forward".as_ptr()),
-            )?;
-            check(
-                "hipModuleGetFunction",
-                (self.api.module_get_function)(&mut merge, module, c"va_attention_merge".as_ptr()),
-            )?;
-            check(
-                "hipFuncSetAttribute",
-                (self.api.func_set_attribute)(
-                    attention as *const c_void,
-                    FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED,
-                    variant.shared_bytes() as c_int,
-                ),
-            )?;
-        }
-        let kernels = Arc::new(Kernels { attention, merge });
-        cache.insert(variant, kernels.clone());
-        Ok(kernels)
     }
 
     fn compile(&self, variant: &Variant) -> Result<Vec<u8>, Error> {
@@ -430,64 +349,87 @@ impl HipDevice {
         }
     }
 
-    /// Enqueues `plan` on the stream, copying its metadata over first unless it travels in
-    /// the parameter block (as for CUDA).
-    pub fn launch(&self, plan: &Plan) -> Result<(), Error> {
-        let kernels = self.kernels(plan.variant)?;
-        let metadata = plan.metadata_to_copy().map(|m| self.upload(bytemuck::cast_slice(m))).transpose()?;
-        let workspace = self.workspace.at_least(plan.workspace_bytes(), |bytes| self.alloc(bytes))?;
-        let mut params =
-            plan.params_at(metadata.as_ref().map(HipBuffer::address), workspace.buffer().map(HipBuffer::address));
-        let mut argument: *mut c_void = (&mut params as *mut super::plan::KernelParams).cast();
-        if plan.tiles > 0 {
-            let (gx, gy, gz) = plan.grid();
-            // SAFETY: one kernel argument, the parameter block, whose pointers are live device
-            // allocations of the sizes the kernel indexes (as for CUDA).
-            unsafe {
-                check(
-                    "launching the attention kernel",
-                    (self.api.launch)(
-                        kernels.attention,
-                        gx,
-                        gy,
-                        gz,
-                        plan.variant.threads() as c_uint,
-                        1,
-                        1,
-                        plan.variant.shared_bytes() as c_uint,
-                        self.stream,
-                        &mut argument,
-                        core::ptr::null_mut(),
-                    ),
-                )?;
-                if plan.splits > 1 {
-                    let (blocks, threads) = plan.merge_grid();
-                    check(
-                        "launching the merge kernel",
-                        (self.api.launch)(
-                            kernels.merge,
-                            blocks.max(1),
-                            1,
-                            1,
-                            threads,
-                            1,
-                            1,
-                            0,
-                            self.stream,
-                            &mut argument,
-                            core::ptr::null_mut(),
-                        ),
-                    )?;
-                }
-            }
+    /// Compiles `variant` with hipRTC and loads its kernels.
+    fn load(&self, variant: Variant) -> Result<Kernels, Error> {
+        let code = self.compile(&variant)?;
+        let mut module: Module = core::ptr::null_mut();
+        let (mut attention, mut merge): (Function, Function) = (core::ptr::null_mut(), core::ptr::null_mut());
+        let name = |entry: Entry| CString::new(entry.name()).expect("kernel names have no NUL");
+        let (attention_name, merge_name) = (name(Entry::Attention), name(Entry::Merge));
+        // SAFETY: `code` is a code object hipRTC produced; the names are NUL-terminated; the
+        // attribute call names a function of the loaded module.
+        unsafe {
+            check("hipModuleLoadData", (self.api.module_load_data)(&mut module, code.as_ptr().cast()))?;
+            check(
+                "hipModuleGetFunction",
+                (self.api.module_get_function)(&mut attention, module, attention_name.as_ptr()),
+            )?;
+            check("hipModuleGetFunction", (self.api.module_get_function)(&mut merge, module, merge_name.as_ptr()))?;
+            check(
+                "hipFuncSetAttribute",
+                (self.api.func_set_attribute)(
+                    attention as *const c_void,
+                    FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED,
+                    variant.shared_bytes() as c_int,
+                ),
+            )?;
         }
-        // The copied metadata must outlive the kernels: hipFree waits for the device first.
-        drop(metadata);
-        Ok(())
+        Ok(Kernels { attention, merge })
+    }
+}
+
+impl Runtime for HipDevice {
+    type Buffer = HipBuffer;
+    type Kernels = Kernels;
+
+    fn name(&self) -> &str {
+        &self.name
     }
 
-    /// Milliseconds of GPU time that `work` enqueues (HIP events).
-    pub fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
+    fn multiprocessors(&self) -> usize {
+        self.multiprocessors
+    }
+
+    fn target(&self) -> Target {
+        Target::Mfma
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<HipBuffer, Error> {
+        let mut pointer = core::ptr::null_mut();
+        // SAFETY: hipMalloc writes the new allocation's address into a valid out-pointer.
+        unsafe { check("hipMalloc", (self.api.malloc)(&mut pointer, bytes.max(1)))? };
+        Ok(HipBuffer { pointer, api: self.api.clone() })
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<HipBuffer, Error> {
+        let buffer = self.alloc(bytes.len())?;
+        // SAFETY: the copy reads `bytes.len()` bytes from a live slice into an allocation at
+        // least that large.
+        unsafe {
+            check("hipMemcpyHtoD", (self.api.memcpy_htod)(buffer.pointer, bytes.as_ptr().cast(), bytes.len()))?;
+        }
+        Ok(buffer)
+    }
+
+    fn download(&self, buffer: &HipBuffer, bytes: &mut [u8]) -> Result<(), Error> {
+        self.synchronize()?;
+        // SAFETY: copies `bytes.len()` bytes, no more than the buffer holds (the caller's
+        // element count), into a live mutable slice.
+        unsafe {
+            check("hipMemcpyDtoH", (self.api.memcpy_dtoh)(bytes.as_mut_ptr().cast(), buffer.pointer, bytes.len()))
+        }
+    }
+
+    fn address(&self, buffer: &HipBuffer) -> u64 {
+        buffer.pointer as u64
+    }
+
+    fn synchronize(&self) -> Result<(), Error> {
+        // SAFETY: the stream handle is live for the device's lifetime.
+        unsafe { check("hipStreamSynchronize", (self.api.stream_synchronize)(self.stream)) }
+    }
+
+    fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error> {
         let (mut start, mut end): (Event, Event) = (core::ptr::null_mut(), core::ptr::null_mut());
         let mut ms = 0f32;
         // SAFETY: HIP's documented event calls on live handles and out-pointers.
@@ -501,5 +443,50 @@ impl HipDevice {
             check("hipEventElapsedTime", (self.api.event_elapsed)(&mut ms, start, end))?;
         }
         Ok(ms)
+    }
+
+    fn kernels(&self, variant: Variant) -> Result<Arc<Kernels>, Error> {
+        self.kernels.get_or_compile(variant, || self.load(variant))
+    }
+
+    fn workspace(&self) -> &Workspace<HipBuffer> {
+        &self.workspace
+    }
+
+    unsafe fn launch(
+        &self,
+        kernels: &Kernels,
+        entry: Entry,
+        dims: Dims,
+        params: &KernelParams,
+        _maps: Option<(&[TensorMap; 2], i32)>,
+    ) -> Result<(), Error> {
+        let (function, what) = match entry {
+            Entry::Attention => (kernels.attention, "launching the attention kernel"),
+            Entry::Merge => (kernels.merge, "launching the merge kernel"),
+        };
+        let mut params = *params;
+        let mut argument: *mut c_void = (&mut params as *mut KernelParams).cast();
+        let (gx, gy, gz) = dims.grid;
+        // SAFETY: one kernel argument, the parameter block, which hipModuleLaunchKernel copies
+        // before returning; the caller guarantees the addresses in it.
+        unsafe {
+            check(
+                what,
+                (self.api.launch)(
+                    function,
+                    gx,
+                    gy,
+                    gz,
+                    dims.threads as c_uint,
+                    1,
+                    1,
+                    dims.shared_bytes as c_uint,
+                    self.stream,
+                    &mut argument,
+                    core::ptr::null_mut(),
+                ),
+            )
+        }
     }
 }

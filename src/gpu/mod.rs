@@ -6,29 +6,65 @@
 //! compilers are opened at run time, so the crate builds on machines with no GPU toolkit; without
 //! a device every call returns [`Error::NoDevice`](crate::Error::NoDevice) and `Backend::Auto` runs on the CPU.
 //!
-//! Without the `gpu` feature this module keeps the same API, and every entry answers
-//! [`Error::GpuNotCompiled`](crate::Error::GpuNotCompiled).
+//! Without the `gpu` feature this module keeps the same API (`stub.rs`), and every entry
+//! answers [`Error::GpuNotCompiled`](crate::Error::GpuNotCompiled).
 //!
 //! The element types are bf16 and f16; f32 input runs on the CPU (`Backend::Auto`) or is refused
 //! (`Backend::Gpu`): the tensor cores take 16-bit operands, and rounding f32 inputs would not
 //! be the f32 attention the caller asked for.
+//!
+//! Files, one concern each:
+//!
+//! | file | owns |
+//! |---|---|
+//! | `call.rs` | `forward_device`: validation, then the device's run |
+//! | `tensor.rs` | device buffers and the tensors laid over them |
+//! | `device.rs` | `Device`: either vendor's runtime behind one type; a problem's run |
+//! | `staging.rs` | `forward` on host arrays: copies in, run, copies out |
+//! | `stub.rs` | the same API in builds without the `gpu` feature |
+//! | `plan.rs` | the kernel variant, grid, key splits and parameter block of a call |
+//! | `runtime.rs` | what a vendor's runtime provides, and the one launch sequence |
+//! | `cuda.rs`, `hip.rs` | the NVIDIA (CUDA driver, NVRTC) and AMD (HIP, hipRTC) runtimes |
+//! | `tuning.rs` | the switches benchmarks use, read once |
+//! | `source.rs` | the kernel source with its headers inlined, and compiler options |
+//! | `tensor_map.rs` | Hopper's tensor-memory-copy descriptors of K and V |
+//! | `workspace.rs` | the key-split workspace kept between calls |
+//! | `kernel/` | the kernel: `attention.hip` (entry points) and one header per concern |
 
+mod call;
 #[cfg(feature = "gpu")]
 mod cuda;
+#[cfg(feature = "gpu")]
 mod device;
 #[cfg(feature = "gpu")]
 mod hip;
 #[cfg(feature = "gpu")]
 mod plan;
 #[cfg(feature = "gpu")]
-mod source;
+mod runtime;
+#[cfg(feature = "gpu")]
+pub(crate) mod source;
+#[cfg(feature = "gpu")]
+mod staging;
+#[cfg(not(feature = "gpu"))]
+mod stub;
+mod tensor;
 #[cfg(feature = "gpu")]
 mod tensor_map;
 #[cfg(feature = "gpu")]
+mod tuning;
+#[cfg(feature = "gpu")]
 mod workspace;
 
-pub use device::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
-#[cfg(feature = "gpu")]
-pub use source::{compile_check_nvidia, hipcc_check_arguments};
+#[cfg(not(feature = "gpu"))]
+use stub as device;
 
-pub(crate) use device::{forward, is_usable};
+pub use call::forward_device;
+pub use device::Device;
+pub use tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
+
+pub(crate) use device::is_usable;
+#[cfg(feature = "gpu")]
+pub(crate) use staging::forward;
+#[cfg(not(feature = "gpu"))]
+pub(crate) use stub::forward;

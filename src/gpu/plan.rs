@@ -3,30 +3,11 @@
 //! runtimes, so the AMD path runs the same host logic as the tested NVIDIA one.
 
 use super::tensor_map::TensorMapShape;
+use super::tuning::Tuning;
 use crate::problem::Problem;
 
 /// Dynamic shared memory a block may have on the GPUs we target (227 KiB on Hopper and A100).
 const MAX_SHARED_BYTES: usize = 227 * 1024;
-
-/// The value of a tuning variable (read once per process, not on every call's plan):
-/// `VARLEN_ATTN_GPU_STAGES=2` (Hopper: two K/V stages), `VARLEN_ATTN_GPU_BLOCK_M=128` (Hopper:
-/// 128-row tiles for small problems too), `VARLEN_ATTN_GPU_SPLITS=n` (at most n key splits).
-fn tuning(name: &'static str) -> Option<usize> {
-    use std::collections::HashMap;
-    use std::sync::OnceLock;
-    static VALUES: OnceLock<HashMap<&'static str, usize>> = OnceLock::new();
-    let values = VALUES.get_or_init(|| {
-        ["VARLEN_ATTN_GPU_STAGES", "VARLEN_ATTN_GPU_BLOCK_M", "VARLEN_ATTN_GPU_SPLITS"]
-            .into_iter()
-            .filter_map(|name| Some((name, std::env::var(name).ok()?.parse().ok()?)))
-            .collect()
-    });
-    values.get(name).copied()
-}
-
-fn two_stages_asked() -> bool {
-    tuning("VARLEN_ATTN_GPU_STAGES") == Some(2)
-}
 
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
@@ -49,10 +30,9 @@ pub(crate) enum Target {
 
 impl Target {
     /// The NVIDIA target for compute capability `major.minor`: warpgroup MMAs on Hopper, unless
-    /// `VARLEN_ATTN_GPU_KERNEL=mma` asks for the `mma.sync` kernel there (for comparisons).
-    pub fn nvidia(major: i32, minor: i32) -> Target {
-        let forced_mma = std::env::var("VARLEN_ATTN_GPU_KERNEL").is_ok_and(|k| k == "mma");
-        if (major, minor) == (9, 0) && !forced_mma {
+    /// the tuning asks for the `mma.sync` kernel there (for comparisons).
+    pub fn nvidia(major: i32, minor: i32, tuning: &Tuning) -> Target {
+        if (major, minor) == (9, 0) && !tuning.mma_on_hopper {
             Target::Wgmma
         } else {
             Target::Mma
@@ -63,9 +43,10 @@ impl Target {
 /// A compiled kernel's compile-time constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
-    /// head_dim rounded up to 16 (the MMA's reduction step).
+    /// head_dim rounded up to the next of a few widths (32, 64, 80, 96, 128, 192, 256: multiples
+    /// of the MMA's reduction step of 16); see [`Variant::new`].
     pub head_dim_pad: usize,
-    /// head_dim_v rounded up: to 8 for warpgroup MMAs (their N step), else to 16.
+    /// head_dim_v rounded up likewise; for warpgroup MMAs (whose N step is 8) also to 72.
     pub head_dim_v_pad: usize,
     /// Keys per shared-memory tile.
     pub block_n: usize,
@@ -150,11 +131,10 @@ impl Variant {
         }
     }
 
-    /// Hopper: three K/V stages, which give the copies more lead, where shared memory has room
-    /// (`VARLEN_ATTN_GPU_STAGES=2` keeps two, for comparisons).
+    /// Hopper: three K/V stages, which give the copies more lead, where shared memory has room.
     fn with_hopper_stages(self) -> Self {
         let three = Variant { stages: 3, ..self };
-        if !two_stages_asked() && three.shared_bytes() <= MAX_SHARED_BYTES {
+        if three.shared_bytes() <= MAX_SHARED_BYTES {
             three
         } else {
             Variant { stages: 2, ..self }
@@ -264,64 +244,77 @@ pub(crate) struct KernelParams {
 /// struct without padding). Must match `VA_INLINE_METADATA`.
 pub(crate) const INLINE_METADATA: usize = 195;
 
-impl Default for KernelParams {
-    fn default() -> Self {
-        bytemuck::Zeroable::zeroed()
-    }
+/// A `[tokens, heads, dims]` tensor on the device: its address and the element strides of the
+/// token and head axes (the dims are contiguous).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Operand {
+    pub address: u64,
+    pub token_stride: usize,
+    pub head_stride: usize,
 }
 
-// SAFETY: every field is an integer or a float, for which all-zero bytes are a valid value.
-unsafe impl bytemuck::Zeroable for KernelParams {}
-
-/// Element strides of a `[tokens, heads, dims]` tensor on the device (the dims are contiguous).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Strides {
-    pub token: usize,
-    pub head: usize,
+/// The tensors of one call on the device; `lse` is 0 when the caller wants none.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Operands {
+    pub q: Operand,
+    pub k: Operand,
+    pub v: Operand,
+    pub out: Operand,
+    pub lse: u64,
 }
 
-/// How one call runs: the variant, the grid, and the parameters (device pointers to be filled
-/// in by the runtime).
+/// The GPU a plan is made for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gpu {
+    pub target: Target,
+    pub multiprocessors: usize,
+}
+
+/// How one call runs: the variant, the grid, the key splits, and everything the parameter
+/// block is built from ([`Plan::params`], the one place that builds it).
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
     pub variant: Variant,
     /// What the kernel reads to find its sequence, `batch + 1` entries each, one after another:
     /// `cu_seqlens_q`, `cu_seqlens_k` and `tile_start` (`tile_start[b]`: the first query tile
-    /// of sequence `b`). Inline in `params` when it fits, else copied to the device.
+    /// of sequence `b`). Inline in the parameter block when it fits, else copied to the device.
     metadata: Vec<i32>,
     pub tiles: usize,
     pub splits: usize,
-    /// Rows and heads of K and V (what their tensor maps describe on Hopper).
-    pub key_tokens: usize,
-    pub kv_heads: usize,
-    pub params: KernelParams,
+    operands: Operands,
+    /// Rows of K and V (what their tensor maps describe on Hopper).
+    key_tokens: usize,
+    kv_heads: usize,
+    /// The problem's scalars, as the kernel reads them.
+    batch: usize,
+    heads: usize,
+    group: usize,
+    total_q: usize,
+    head_dim: usize,
+    head_dim_v: usize,
+    window_left: i32,
+    window_right: i32,
+    scale: f32,
+    softcap: f32,
 }
 
 impl Plan {
-    /// Plans `problem` for a GPU with `multiprocessors`, reading q/k/v and writing the output
-    /// with the given strides.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        problem: &Problem,
-        f16: bool,
-        target: Target,
-        multiprocessors: usize,
-        q: Strides,
-        k: Strides,
-        v: Strides,
-        out: Strides,
-    ) -> Plan {
+    /// Plans `problem` on `gpu` for the tensors `operands`.
+    pub fn new(problem: &Problem, f16: bool, gpu: Gpu, tuning: &Tuning, operands: Operands) -> Plan {
+        let (target, multiprocessors) = (gpu.target, gpu.multiprocessors);
         let mut variant = Variant::for_problem(problem, f16, target);
         // On Hopper, a problem whose 128-row tiles would not fill half the multiprocessors
         // takes 64-row tiles (one computing warpgroup each): twice the blocks, each half the
-        // work, where a block's fixed cost is most of the time (`VARLEN_ATTN_GPU_BLOCK_M=128`
-        // keeps 128 rows, for comparisons).
-        if target == Target::Wgmma && tuning("VARLEN_ATTN_GPU_BLOCK_M") != Some(128) {
+        // work, where a block's fixed cost is most of the time.
+        if target == Target::Wgmma && !tuning.full_tiles_only {
             let tiles: usize =
                 (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(variant.block_m())).sum();
             if 2 * tiles * problem.num_heads <= multiprocessors {
                 variant = variant.with_one_warpgroup();
             }
+        }
+        if target == Target::Wgmma && tuning.two_stages {
+            variant.stages = 2;
         }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
@@ -345,7 +338,7 @@ impl Plan {
         let blocks = tiles * problem.num_heads;
         let slots = multiprocessors * variant.min_blocks;
         let key_tiles = longest_keys.div_ceil(variant.block_n);
-        let max_splits = tuning("VARLEN_ATTN_GPU_SPLITS").unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
+        let max_splits = tuning.max_splits.unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
         let splits = if blocks > 0 && blocks < slots && key_tiles >= 4 {
             (slots / blocks).min(key_tiles / 2).clamp(1, max_splits)
         } else {
@@ -354,54 +347,48 @@ impl Plan {
         let spared_keys = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n;
         let splits = if spared_keys >= MIN_SPARED_KEYS { splits } else { 1 };
 
-        let (scale, softcap) = (problem.scale, problem.softcap.unwrap_or(0.0));
         // A window wider than every query-key distance is no window: clamped to that width, so
         // that the kernel's row + offset ± window cannot wrap (usize::MAX windows did, and
         // masked every key).
         let key_tokens = cu_seqlens_k.last().map_or(0, |&t| t as usize);
         let widest = (problem.total_q + key_tokens).min(i32::MAX as usize);
         let window = |w: Option<usize>| w.map_or(-1, |w| w.min(widest) as i32);
-        let mut params = KernelParams {
-            q_token_stride: q.token as i64,
-            q_head_stride: q.head as i64,
-            k_token_stride: k.token as i64,
-            k_head_stride: k.head as i64,
-            v_token_stride: v.token as i64,
-            v_head_stride: v.head as i64,
-            out_token_stride: out.token as i64,
-            out_head_stride: out.head as i64,
-            batch: problem.batch() as i32,
-            heads: problem.num_heads as i32,
-            group: problem.group_size() as i32,
-            total_q: problem.total_q as i32,
-            head_dim: problem.head_dim as i32,
-            head_dim_v: problem.head_dim_v as i32,
+        Plan {
+            variant,
+            metadata,
+            tiles,
+            splits,
+            operands,
+            key_tokens,
+            kv_heads: problem.num_kv_heads,
+            batch: problem.batch(),
+            heads: problem.num_heads,
+            group: problem.group_size(),
+            total_q: problem.total_q,
+            head_dim: problem.head_dim,
+            head_dim_v: problem.head_dim_v,
             window_left: window(problem.mask.left),
             window_right: window(problem.mask.right),
-            splits: splits as i32,
-            scale_log2: scale * core::f32::consts::LOG2_E,
-            softcap,
-            scale_over_softcap: if softcap > 0.0 { scale / softcap } else { 0.0 },
-            ..KernelParams::default()
-        };
-        // Small batches carry their metadata in the parameter block: no copy before the kernel.
-        if metadata.len() <= INLINE_METADATA {
-            params.metadata[..metadata.len()].copy_from_slice(&metadata);
-            params.inline_metadata = 1;
+            scale: problem.scale,
+            softcap: problem.softcap.unwrap_or(0.0),
         }
-        Plan { variant, metadata, tiles, splits, key_tokens, kv_heads: problem.num_kv_heads, params }
     }
 
     /// `tile_start[b]`: the first query tile of sequence `b`; `batch + 1` entries.
     #[cfg(test)]
     fn tile_start(&self) -> &[i32] {
-        &self.metadata[2 * (self.params.batch as usize + 1)..]
+        &self.metadata[2 * (self.batch + 1)..]
+    }
+
+    /// Whether the metadata travels in the parameter block (batches of up to 64 sequences).
+    fn metadata_inline(&self) -> bool {
+        self.metadata.len() <= INLINE_METADATA
     }
 
     /// The metadata to copy to the device before the launch (`cu_seqlens_q`, `cu_seqlens_k`,
     /// `tile_start`, one after another), or `None` when it travels in the parameter block.
     pub fn metadata_to_copy(&self) -> Option<&[i32]> {
-        (self.params.inline_metadata == 0).then_some(&self.metadata)
+        (!self.metadata_inline()).then_some(&self.metadata)
     }
 
     /// Bytes of the key-split workspace (f32 partial outputs, then partial LSEs); 0 when the
@@ -415,56 +402,89 @@ impl Plan {
         }
     }
 
-    /// The parameter block, given the device addresses of the copied metadata (see
-    /// [`Plan::metadata_to_copy`]) and of the workspace (see [`Plan::workspace_bytes`]). The
-    /// tensor pointers are the caller's to fill in.
-    pub fn params_at(&self, metadata: Option<u64>, workspace: Option<u64>) -> KernelParams {
-        let mut params = self.params;
-        if let Some(base) = metadata {
-            let entries = self.params.batch as u64 + 1;
-            params.cu_seqlens_q = base;
-            params.cu_seqlens_k = base + 4 * entries;
-            params.tile_start = base + 8 * entries;
-        }
-        if let Some(base) = workspace {
-            params.partial_out = base;
-            params.partial_lse = base + 4 * self.partial_lens().0 as u64;
+    /// The kernel's parameter block, given the device addresses of the copied metadata (when
+    /// [`Plan::metadata_to_copy`] gave some) and of the workspace (when
+    /// [`Plan::workspace_bytes`] is not 0).
+    pub fn params(&self, metadata: Option<u64>, workspace: Option<u64>) -> KernelParams {
+        let o = &self.operands;
+        let (partial_out, partial_lse) = match workspace {
+            Some(base) => (base, base + 4 * self.partial_lens().0 as u64),
+            None => (0, 0),
+        };
+        let entries = self.batch as u64 + 1;
+        let (cu_seqlens_q, cu_seqlens_k, tile_start) = match metadata {
+            Some(base) => (base, base + 4 * entries, base + 8 * entries),
+            None => (0, 0, 0),
+        };
+        let mut params = KernelParams {
+            q: o.q.address,
+            k: o.k.address,
+            v: o.v.address,
+            out: o.out.address,
+            lse: o.lse,
+            partial_out,
+            partial_lse,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            tile_start,
+            q_token_stride: o.q.token_stride as i64,
+            q_head_stride: o.q.head_stride as i64,
+            k_token_stride: o.k.token_stride as i64,
+            k_head_stride: o.k.head_stride as i64,
+            v_token_stride: o.v.token_stride as i64,
+            v_head_stride: o.v.head_stride as i64,
+            out_token_stride: o.out.token_stride as i64,
+            out_head_stride: o.out.head_stride as i64,
+            batch: self.batch as i32,
+            heads: self.heads as i32,
+            group: self.group as i32,
+            total_q: self.total_q as i32,
+            head_dim: self.head_dim as i32,
+            head_dim_v: self.head_dim_v as i32,
+            window_left: self.window_left,
+            window_right: self.window_right,
+            splits: self.splits as i32,
+            scale_log2: self.scale * core::f32::consts::LOG2_E,
+            softcap: self.softcap,
+            scale_over_softcap: if self.softcap > 0.0 { self.scale / self.softcap } else { 0.0 },
+            inline_metadata: 0,
+            metadata: [0; INLINE_METADATA],
+        };
+        if self.metadata_inline() {
+            params.metadata[..self.metadata.len()].copy_from_slice(&self.metadata);
+            params.inline_metadata = 1;
         }
         params
     }
 
     /// Grid of the attention kernel: (query tiles, heads, splits).
     pub fn grid(&self) -> (u32, u32, u32) {
-        (self.tiles as u32, self.params.heads as u32, self.splits as u32)
+        (self.tiles as u32, self.heads as u32, self.splits as u32)
     }
 
     /// f32 elements of the split workspace (partial outputs, then partial LSEs).
     fn partial_lens(&self) -> (usize, usize) {
-        let rows = self.splits * self.params.total_q as usize * self.params.heads as usize;
+        let rows = self.splits * self.total_q * self.heads;
         (rows * self.variant.head_dim_v_pad, rows)
     }
 
-    /// K's and V's shapes for their tensor maps (Hopper), given the boxes' key rows.
+    /// K's and V's shapes for their tensor maps (Hopper), boxes of one key tile.
     pub fn key_value_shapes(&self) -> [TensorMapShape; 2] {
-        let p = &self.params;
-        let shape = |address: u64, dims: i32, token_stride: i64, head_stride: i64| TensorMapShape {
-            address,
+        let shape = |o: &Operand, dims: usize| TensorMapShape {
+            address: o.address,
             tokens: self.key_tokens,
             heads: self.kv_heads,
-            dims: dims as usize,
-            token_stride: token_stride as usize,
-            head_stride: head_stride as usize,
+            dims,
+            token_stride: o.token_stride,
+            head_stride: o.head_stride,
             rows: self.variant.block_n,
         };
-        [
-            shape(p.k, p.head_dim, p.k_token_stride, p.k_head_stride),
-            shape(p.v, p.head_dim_v, p.v_token_stride, p.v_head_stride),
-        ]
+        [shape(&self.operands.k, self.head_dim), shape(&self.operands.v, self.head_dim_v)]
     }
 
     /// Threads of the merge kernel and its grid, one thread per output element.
     pub fn merge_grid(&self) -> (u32, u32) {
-        let elements = self.params.total_q as usize * self.params.heads as usize * self.params.head_dim_v as usize;
+        let elements = self.total_q * self.heads * self.head_dim_v;
         (elements.div_ceil(256) as u32, 256)
     }
 }
@@ -484,11 +504,12 @@ mod tests {
     #[test]
     fn windows_wider_than_every_distance_are_clamped() {
         let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
-        let plain = with(&Params::default());
-        assert_eq!((plain.params.window_left, plain.params.window_right), (-1, -1));
+        let plain = with(&Params::default()).params(None, None);
+        assert_eq!((plain.window_left, plain.window_right), (-1, -1));
         // 100 queries + 100 keys: no distance reaches 200.
-        let huge = with(&Params { window_left: Some(usize::MAX), window_right: Some(7), ..Params::default() });
-        assert_eq!((huge.params.window_left, huge.params.window_right), (200, 7));
+        let huge = with(&Params { window_left: Some(usize::MAX), window_right: Some(7), ..Params::default() })
+            .params(None, None);
+        assert_eq!((huge.window_left, huge.window_right), (200, 7));
     }
 
     #[test]
@@ -505,17 +526,7 @@ mod tests {
         let cu_q = [0, 64, 64, 130];
         let cu_k = [0, 10, 20, 30];
         let problem = Problem::new([130, 2, 72], [30, 1, 72], [30, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
-        let s = Strides { token: 144, head: 72 };
-        let plan = Plan::new(
-            &problem,
-            false,
-            Target::Mma,
-            132,
-            s,
-            Strides { token: 72, head: 72 },
-            Strides { token: 72, head: 72 },
-            s,
-        );
+        let plan = plan_on(Target::Mma, &problem);
         assert_eq!(plan.tile_start(), [0, 1, 1, 2]);
         assert_eq!(plan.grid(), (2, 2, 1));
         assert_eq!(
@@ -558,23 +569,24 @@ mod tests {
 
     #[test]
     fn metadata_travels_inline_or_is_laid_out_for_the_copy() {
-        let s = Strides { token: 72, head: 72 };
         let cu_small = [0, 64, 64, 130];
         let problem =
             Problem::new([130, 1, 72], [130, 1, 72], [130, 1, 72], &cu_small, &cu_small, &Params::default()).unwrap();
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
+        let plan = plan_on(Target::Mma, &problem);
         assert_eq!(plan.metadata_to_copy(), None);
-        assert_eq!(plan.params.inline_metadata, 1);
-        assert_eq!(plan.params.metadata[..12], [0, 64, 64, 130, 0, 64, 64, 130, 0, 1, 1, 2]);
+        let params = plan.params(None, None);
+        assert_eq!(params.inline_metadata, 1);
+        assert_eq!(params.metadata[..12], [0, 64, 64, 130, 0, 64, 64, 130, 0, 1, 1, 2]);
 
         // 100 sequences: 3 × 101 entries do not fit in the parameter block.
         let cu_q: Vec<i32> = (0..=100).collect();
         let cu_k: Vec<i32> = (0..=100).map(|i| 2 * i).collect();
         let problem = Problem::new([100, 1, 72], [200, 1, 72], [200, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
-        let plan = Plan::new(&problem, false, Target::Mma, 132, s, s, s, s);
+        let plan = plan_on(Target::Mma, &problem);
         let copied = plan.metadata_to_copy().expect("too large to inline");
         assert_eq!((&copied[..101], &copied[101..202], &copied[202..]), (&cu_q[..], &cu_k[..], &cu_q[..]));
-        let params = plan.params_at(Some(4096), None);
+        let params = plan.params(Some(4096), None);
+        assert_eq!(params.inline_metadata, 0);
         assert_eq!((params.cu_seqlens_q, params.cu_seqlens_k, params.tile_start), (4096, 4096 + 404, 4096 + 808));
         assert_eq!((params.partial_out, params.partial_lse), (0, 0));
     }
@@ -589,8 +601,57 @@ mod tests {
         let cu = [0, length as i32];
         let shape = [length, heads, 72];
         let problem = Problem::new(shape, shape, shape, &cu, &cu, params).unwrap();
-        let s = Strides { token: heads * 72, head: 72 };
-        Plan::new(&problem, false, target, 132, s, s, s, s)
+        plan_on(target, &problem)
+    }
+
+    #[test]
+    fn the_parameter_block_carries_the_operands_and_the_problem() {
+        let cu = [0, 100];
+        let problem = Problem::new([100, 4, 72], [100, 2, 72], [100, 2, 64], &cu, &cu, &Params::default()).unwrap();
+        let operand = |address, token_stride, head_stride| Operand { address, token_stride, head_stride };
+        let operands = Operands {
+            q: operand(1 << 20, 288, 72),
+            k: operand(2 << 20, 152, 72),
+            v: operand(3 << 20, 128, 64),
+            out: operand(4 << 20, 256, 64),
+            lse: 5 << 20,
+        };
+        let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
+        let plan = Plan::new(&problem, false, gpu, &Tuning::default(), operands);
+        let p = plan.params(None, None);
+        assert_eq!((p.q, p.k, p.v, p.out, p.lse), (1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20));
+        assert_eq!((p.q_token_stride, p.k_token_stride, p.v_token_stride, p.out_token_stride), (288, 152, 128, 256));
+        assert_eq!((p.q_head_stride, p.k_head_stride, p.v_head_stride, p.out_head_stride), (72, 72, 64, 64));
+        assert_eq!((p.batch, p.heads, p.group, p.total_q, p.head_dim, p.head_dim_v), (1, 4, 2, 100, 72, 64));
+        assert_eq!((p.scale_log2, p.softcap, p.splits), (problem.scale * core::f32::consts::LOG2_E, 0.0, 1));
+        let [k, v] = plan.key_value_shapes();
+        assert_eq!((k.address, k.tokens, k.heads, k.dims, k.token_stride, k.rows), (2 << 20, 100, 2, 72, 152, 128));
+        assert_eq!((v.address, v.dims, v.token_stride, v.head_stride), (3 << 20, 64, 128, 64));
+    }
+
+    #[test]
+    fn tuning_switches_change_the_plan_they_name() {
+        let cu = [0, 276];
+        let shape = [276, 4, 72];
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+        let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
+        let with = |tuning: Tuning| Plan::new(&problem, false, hopper, &tuning, Operands::default()).variant;
+        assert_eq!((with(Tuning::default()).block_m(), with(Tuning::default()).stages), (64, 3));
+        assert_eq!(with(Tuning { full_tiles_only: true, ..Tuning::default() }).block_m(), 128);
+        assert_eq!(with(Tuning { two_stages: true, ..Tuning::default() }).stages, 2);
+        let long = plan_one(Target::Mma, 4096, 1);
+        let cu = [0, 4096];
+        let shape = [4096, 1, 72];
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+        let gpu = Gpu { target: Target::Mma, multiprocessors: 132 };
+        let unsplit =
+            Plan::new(&problem, false, gpu, &Tuning { max_splits: Some(1), ..Tuning::default() }, Operands::default());
+        assert_eq!((long.splits, unsplit.splits), (8, 1));
+    }
+
+    /// `problem` planned for 132 multiprocessors (an H200) with the default tuning.
+    fn plan_on(target: Target, problem: &Problem) -> Plan {
+        Plan::new(problem, false, Gpu { target, multiprocessors: 132 }, &Tuning::default(), Operands::default())
     }
 
     #[test]
@@ -599,7 +660,7 @@ mod tests {
         let rows = plan.splits * 4096;
         assert!(plan.splits > 1);
         assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
-        let params = plan.params_at(None, Some(1 << 20));
+        let params = plan.params(None, Some(1 << 20));
         assert_eq!((params.partial_out, params.partial_lse), (1 << 20, (1 << 20) + 4 * rows as u64 * 80));
         assert_eq!(params.cu_seqlens_q, 0);
         assert_eq!(plan_one(Target::Mma, 16384, 16).workspace_bytes(), 0);
@@ -644,12 +705,11 @@ mod tests {
     #[test]
     fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_no_key_splits() {
         // The configuration BENCHMARKS.md measured: 64-row tiles for shapes 11-14 and 20.
-        for shape in crate::workloads::SEED_SHAPES {
+        for shape in crate::internal::workloads::SEED_SHAPES {
             let cu = shape.cu_seqlens();
             let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
             let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
-            let s = Strides { token: shape.num_heads * shape.head_dim, head: shape.head_dim };
-            let plan = Plan::new(&problem, false, Target::Wgmma, 132, s, s, s, s);
+            let plan = plan_on(Target::Wgmma, &problem);
             let block_m = if [11, 12, 13, 14, 20].contains(&shape.index) { 64 } else { 128 };
             assert_eq!((plan.variant.block_m(), plan.splits), (block_m, 1), "shape {}", shape.index);
         }

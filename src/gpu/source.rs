@@ -4,9 +4,14 @@
 use super::plan::{Target, Variant};
 
 /// The kernel's files: the entry point and the headers it includes.
-const FILES: [(&str, &str); 8] = [
+const FILES: [(&str, &str); 13] = [
     ("attention.hip", include_str!("kernel/attention.hip")),
     ("portability.h", include_str!("kernel/portability.h")),
+    ("params.h", include_str!("kernel/params.h")),
+    ("load.h", include_str!("kernel/load.h")),
+    ("mask.h", include_str!("kernel/mask.h")),
+    ("scheduling.h", include_str!("kernel/scheduling.h")),
+    ("combine.h", include_str!("kernel/combine.h")),
     ("fragments.h", include_str!("kernel/fragments.h")),
     ("tile_mma.h", include_str!("kernel/tile_mma.h")),
     ("tile_wgmma.h", include_str!("kernel/tile_wgmma.h")),
@@ -49,7 +54,7 @@ pub(crate) fn nvrtc_options(variant: &Variant, major: i32, minor: i32) -> Vec<St
 /// stands (relative to the crate's root), so its header is found.
 ///
 /// ```
-/// let all = varlen_attn::gpu::hipcc_check_arguments("gfx90a");
+/// let all = varlen_attn::internal::hipcc_check_arguments("gfx90a");
 /// assert!(all[0].contains(&"--offload-arch=gfx90a".to_string()));
 /// ```
 pub fn hipcc_check_arguments(arch: &str) -> Vec<Vec<String>> {
@@ -101,7 +106,7 @@ pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
 ///
 /// ```no_run
 /// // CI: LD_LIBRARY_PATH points at PyPI's nvidia-cuda-nvrtc wheel.
-/// assert!(varlen_attn::gpu::compile_check_nvidia(9, 0)? > 0);
+/// assert!(varlen_attn::internal::compile_check_nvidia(9, 0)? > 0);
 /// # Ok::<(), varlen_attn::Error>(())
 /// ```
 ///

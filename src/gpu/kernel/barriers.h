@@ -13,24 +13,15 @@ VA_DEVICE void va_mbarrier_init(va_u64* bar, int count) {
 // Waits until the barrier's phase of parity `parity` has completed (a fresh barrier is in phase
 // 0, so waiting for parity 1 returns at once: the usual start of a producer's "empty" wait).
 // The waiting warp sleeps in the instruction (up to the time hint, 10 ms) instead of spinning
-// on issue slots the computing warps need. VA_WAIT_HINT=0 (for experiments) gives no hint.
-#ifndef VA_WAIT_HINT
-#define VA_WAIT_HINT 10000000
-#endif
+// on issue slots the computing warps need.
+#define VA_WAIT_HINT_NS 10000000
 VA_DEVICE void va_mbarrier_wait(va_u64* bar, int parity) {
     va_u32 done;
     do {
-#if VA_WAIT_HINT
         asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3; selp.u32 %0, 1, 0, p; }\n"
                      : "=r"(done)
-                     : "r"(va_smem_addr(bar)), "r"(parity), "r"(VA_WAIT_HINT)
+                     : "r"(va_smem_addr(bar)), "r"(parity), "r"(VA_WAIT_HINT_NS)
                      : "memory");
-#else
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
-                     : "=r"(done)
-                     : "r"(va_smem_addr(bar)), "r"(parity)
-                     : "memory");
-#endif
     } while (!done);
 }
 

@@ -54,7 +54,7 @@ impl Shape {
     /// Total tokens.
     ///
     /// ```
-    /// assert_eq!(varlen_attn::workloads::SEED_SHAPES[0].tokens(), 720);
+    /// assert_eq!(varlen_attn::internal::workloads::SEED_SHAPES[0].tokens(), 720);
     /// ```
     pub fn tokens(&self) -> usize {
         self.seq_len * self.sequences
@@ -64,7 +64,7 @@ impl Shape {
     /// (the seed's convention).
     ///
     /// ```
-    /// assert_eq!(varlen_attn::workloads::SEED_SHAPES[20].flops(), 4096.0);
+    /// assert_eq!(varlen_attn::internal::workloads::SEED_SHAPES[20].flops(), 4096.0);
     /// ```
     pub fn flops(&self) -> f64 {
         4.0 * (self.seq_len as f64).powi(2) * (self.head_dim * self.num_heads * self.sequences) as f64
@@ -73,7 +73,7 @@ impl Shape {
     /// `cu_seqlens` for q and k (the same).
     ///
     /// ```
-    /// let s = varlen_attn::workloads::Shape { index: 0, num_heads: 1, head_dim: 8, seq_len: 3, sequences: 2 };
+    /// let s = varlen_attn::internal::workloads::Shape { index: 0, num_heads: 1, head_dim: 8, seq_len: 3, sequences: 2 };
     /// assert_eq!(s.cu_seqlens(), vec![0, 3, 6]);
     /// ```
     pub fn cu_seqlens(&self) -> Vec<i32> {
@@ -84,7 +84,7 @@ impl Shape {
     /// (like the seed's `torch.randn`), deterministic in `seed`.
     ///
     /// ```
-    /// let s = varlen_attn::workloads::SEED_SHAPES[11];
+    /// let s = varlen_attn::internal::workloads::SEED_SHAPES[11];
     /// let [q, k, v] = s.random_inputs::<f32>(1);
     /// assert_eq!(q.dim(), (276, 4, 72));
     /// assert_ne!(q, k);

@@ -1,0 +1,116 @@
+// Compile-time constants and the parameters of one launch: the block the host builds
+// (`VaParams`, one struct for every target) and the work one block is handed (`VaTile`).
+//
+// Compile-time constants (-D): VA_HEAD_DIM_PAD (head_dim rounded up to one of a few widths, 32 to
+// 256, multiples of the MMA's K step of 16), VA_HEAD_DIM_V_PAD (head_dim_v likewise; for wgmma
+// also 72), VA_BLOCK_N (keys per tile), VA_IS_F16 (f16 instead of bf16), VA_WARPS (per block),
+// VA_ROWS_PER_WARP (16 or 32; BLOCK_M is VA_WARPS times that), VA_Q_IN_REGISTERS (mma.sync: 0
+// re-reads Q's fragments from shared memory, for wide heads), VA_WGMMA (1: the Hopper tile),
+// VA_MIN_BLOCKS (blocks per multiprocessor the register budget must allow), VA_STAGES (Hopper:
+// shared-memory stages of K and V, 2 or 3), VA_SOFTCAP (0: the soft-cap code is left out; the
+// host sets 1 for calls that have one).
+
+#pragma once
+
+#ifndef VA_HEAD_DIM_PAD
+#define VA_HEAD_DIM_PAD 64
+#endif
+#ifndef VA_HEAD_DIM_V_PAD
+#define VA_HEAD_DIM_V_PAD 64
+#endif
+#ifndef VA_BLOCK_N
+#define VA_BLOCK_N 64
+#endif
+#ifndef VA_WARPS
+#define VA_WARPS 4
+#endif
+#ifndef VA_ROWS_PER_WARP
+#define VA_ROWS_PER_WARP 16
+#endif
+#ifndef VA_Q_IN_REGISTERS
+#define VA_Q_IN_REGISTERS 1
+#endif
+#ifndef VA_WGMMA
+#define VA_WGMMA 0
+#endif
+#ifndef VA_MIN_BLOCKS
+#define VA_MIN_BLOCKS 1
+#endif
+#ifndef VA_SOFTCAP
+#define VA_SOFTCAP 1
+#endif
+#ifndef VA_STAGES
+#define VA_STAGES 2
+#endif
+// VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
+// registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM.
+#define VA_THREADS (VA_WARPS * VA_WARP)
+#if VA_WGMMA
+#define VA_PRODUCER_THREADS 128
+#define VA_PRODUCER_REGISTERS 56
+#define VA_CONSUMER_REGISTERS 224
+#define VA_BLOCK_THREADS (VA_THREADS + VA_PRODUCER_THREADS)
+#else
+#define VA_BLOCK_THREADS VA_THREADS
+#endif
+#define VA_BLOCK_M (VA_WARPS * VA_ROWS_PER_WARP)
+// Shared-memory rows of the mma.sync and MFMA tiles are padded by 8 elements (16 bytes) so that
+// the 8 rows of an ldmatrix land on distinct banks.
+#define VA_Q_STRIDE (VA_HEAD_DIM_PAD + 8)
+#define VA_V_STRIDE (VA_HEAD_DIM_V_PAD + 8)
+
+// Must match `KernelParams` in src/gpu/plan.rs field by field.
+#define VA_INLINE_METADATA 195
+struct VaParams {
+    const va_u16* q;
+    const va_u16* k;
+    const va_u16* v;
+    va_u16* out;
+    float* lse;              // [heads][total_q], or null
+    float* partial_out;      // [splits][total_q][heads][VA_HEAD_DIM_V_PAD] with splits > 1
+    float* partial_lse;      // [splits][heads][total_q] with splits > 1
+    const int* cu_seqlens_q;
+    const int* cu_seqlens_k;
+    const int* tile_start;   // [batch + 1]: first query tile of each sequence
+    va_i64 q_token_stride, q_head_stride;
+    va_i64 k_token_stride, k_head_stride;
+    va_i64 v_token_stride, v_head_stride;
+    va_i64 out_token_stride, out_head_stride;
+    int batch, heads, group, total_q;
+    int head_dim, head_dim_v;
+    int window_left, window_right; // -1: unbounded
+    int splits;
+    float scale_log2;        // softmax scale times log2(e) (no soft-cap)
+    float softcap;           // 0: none
+    float scale_over_softcap;
+    // Small batches carry cu_seqlens_q, cu_seqlens_k and tile_start here, one after another
+    // (batch + 1 each), so a call needs no copy to the device before its launch.
+    int inline_metadata;
+    int metadata[VA_INLINE_METADATA];
+};
+
+// Entry `i` of cu_seqlens_q (which = 0), cu_seqlens_k (1) or tile_start (2).
+VA_DEVICE int va_metadata(const VaParams& p, int which, int i) {
+    if (p.inline_metadata) return p.metadata[which * (p.batch + 1) + i];
+    const int* a = which == 0 ? p.cu_seqlens_q : which == 1 ? p.cu_seqlens_k : p.tile_start;
+    return a[i];
+}
+
+#define VA_LOG2E 1.4426950408889634f
+#define VA_LN2 0.6931471805599453f
+#define VA_NEG_INF (-__int_as_float(0x7f800000))
+
+// One block's work: a query tile of one (sequence, head) and the key tiles of its split.
+struct VaTile {
+    const va_u16* q;  // the sequence's first query row of this head
+    const va_u16* k;  // the sequence's first key row of this head's KV head
+    const va_u16* v;
+    int q_start;      // the sequence's first token
+    int lq, lk;       // its query and key lengths
+    int m0;           // the tile's first row within the sequence
+    int offset;       // lk - lq: masks align bottom-right
+    int head, split;
+    int j_begin, j_end; // key tiles [j_begin, j_end) of BLOCK_N keys
+    int k_start;        // the sequence's first key token
+    int kv_head;
+};

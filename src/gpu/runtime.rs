@@ -1,0 +1,147 @@
+//! What a vendor's runtime provides (memory, a stream, compiled kernels, a launch), and the one
+//! launch sequence every vendor runs on it.
+
+use super::plan::{KernelParams, Plan, Target, Variant};
+use super::tensor_map::{TensorMap, TensorMapShape};
+use super::workspace::Workspace;
+use crate::error::Error;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The kernels of one compiled variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// `va_attention_forward`: one block per (query tile, head, key split).
+    Attention,
+    /// `va_attention_merge`: combines the key splits, one thread per output element.
+    Merge,
+}
+
+impl Entry {
+    /// The kernel's name in the source.
+    pub fn name(self) -> &'static str {
+        match self {
+            Entry::Attention => "va_attention_forward",
+            Entry::Merge => "va_attention_merge",
+        }
+    }
+}
+
+/// The grid, block and dynamic shared memory of one launch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Dims {
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub shared_bytes: u32,
+}
+
+/// One GPU of one vendor: its stream, memory and compiled kernels.
+pub(crate) trait Runtime {
+    /// Device memory (freed when dropped, ordered after the work queued before).
+    type Buffer;
+    /// The entry points of one compiled variant.
+    type Kernels;
+
+    fn name(&self) -> &str;
+    fn multiprocessors(&self) -> usize;
+    fn target(&self) -> Target;
+
+    /// `bytes` of device memory, contents unspecified.
+    fn alloc(&self, bytes: usize) -> Result<Self::Buffer, Error>;
+    /// A new buffer holding `bytes`.
+    fn upload(&self, bytes: &[u8]) -> Result<Self::Buffer, Error>;
+    /// The first `bytes.len()` bytes of `buffer`, after the queued work.
+    fn download(&self, buffer: &Self::Buffer, bytes: &mut [u8]) -> Result<(), Error>;
+    fn address(&self, buffer: &Self::Buffer) -> u64;
+    fn synchronize(&self) -> Result<(), Error>;
+    /// GPU milliseconds of the work `work` queues (device events).
+    fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error>;
+
+    /// The kernels of `variant`, compiled on first use.
+    fn kernels(&self, variant: Variant) -> Result<Arc<Self::Kernels>, Error>;
+    /// The key-split workspace, kept between calls.
+    fn workspace(&self) -> &Workspace<Self::Buffer>;
+    /// Hopper's tensor maps of K and V, or `None` where the runtime has none (the kernel then
+    /// copies by cp.async).
+    fn tensor_maps(&self, _shapes: [TensorMapShape; 2], _f16: bool) -> Option<[TensorMap; 2]> {
+        None
+    }
+
+    /// Queues `entry` of `kernels` with the parameter block (and, for Hopper's attention kernel,
+    /// the tensor maps of K and V and whether both were encoded).
+    ///
+    /// # Safety
+    /// Every address in `params` must be a live device allocation of the size the kernel
+    /// indexes, for as long as the kernel runs.
+    unsafe fn launch(
+        &self,
+        kernels: &Self::Kernels,
+        entry: Entry,
+        dims: Dims,
+        params: &KernelParams,
+        maps: Option<(&[TensorMap; 2], i32)>,
+    ) -> Result<(), Error>;
+}
+
+/// Queues `plan` on `runtime`: its metadata copied over (unless it travels in the parameter
+/// block), the workspace grown if the keys are split, the attention kernel, then the merge.
+///
+/// # Safety
+/// The plan's operand addresses must be live allocations of `runtime` of the sizes its shapes
+/// and strides index (validated by `Problem` and the device tensors), until the work finishes.
+pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), Error> {
+    if plan.tiles == 0 {
+        return Ok(());
+    }
+    let kernels = runtime.kernels(plan.variant)?;
+    let metadata = plan.metadata_to_copy().map(|m| runtime.upload(bytemuck::cast_slice(m))).transpose()?;
+    let workspace = runtime.workspace().at_least(plan.workspace_bytes(), |bytes| runtime.alloc(bytes))?;
+    let params =
+        plan.params(metadata.as_ref().map(|m| runtime.address(m)), workspace.buffer().map(|w| runtime.address(w)));
+    let variant = plan.variant;
+    let encoded = (variant.target == Target::Wgmma).then(|| runtime.tensor_maps(plan.key_value_shapes(), variant.f16));
+    let maps = encoded.map(|maps| match maps {
+        Some(maps) => (maps, 1),
+        None => ([TensorMap::default(); 2], 0),
+    });
+    let dims =
+        Dims { grid: plan.grid(), threads: variant.threads() as u32, shared_bytes: variant.shared_bytes() as u32 };
+    // SAFETY: the caller's guarantee for the operands; the metadata and the workspace are
+    // allocations of this runtime sized by the plan, freed stream-ordered after the kernels.
+    unsafe { runtime.launch(&kernels, Entry::Attention, dims, &params, maps.as_ref().map(|(m, tma)| (m, *tma)))? };
+    if plan.splits > 1 {
+        let (blocks, threads) = plan.merge_grid();
+        let dims = Dims { grid: (blocks.max(1), 1, 1), threads, shared_bytes: 0 };
+        // SAFETY: as above; the merge reads the workspace the attention kernel wrote.
+        unsafe { runtime.launch(&kernels, Entry::Merge, dims, &params, None)? };
+    }
+    drop(metadata);
+    Ok(())
+}
+
+/// Compiled kernels by variant, shared by a device's calls.
+pub(crate) struct KernelCache<K> {
+    compiled: Mutex<HashMap<Variant, Arc<K>>>,
+}
+
+impl<K> KernelCache<K> {
+    pub fn new() -> Self {
+        KernelCache { compiled: Mutex::new(HashMap::new()) }
+    }
+
+    /// The kernels of `variant`, from `compile` the first time.
+    pub fn get_or_compile(
+        &self,
+        variant: Variant,
+        compile: impl FnOnce() -> Result<K, Error>,
+    ) -> Result<Arc<K>, Error> {
+        let mut cache =
+            self.compiled.lock().map_err(|_| Error::Gpu("the kernel cache was poisoned by a panic".into()))?;
+        if let Some(k) = cache.get(&variant) {
+            return Ok(k.clone());
+        }
+        let kernels = Arc::new(compile()?);
+        cache.insert(variant, kernels.clone());
+        Ok(kernels)
+    }
+}

@@ -1,0 +1,74 @@
+//! Switches for benchmarks and comparisons, read from the environment once per process. Calls
+//! never need them: every default is the tuned configuration.
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `VARLEN_ATTN_GPU_KERNEL=mma` | Hopper runs the sm_80 `mma.sync` kernel instead of warpgroup MMAs |
+//! | `VARLEN_ATTN_GPU_TMA=0` | Hopper copies K and V by cp.async only, no tensor-memory copies |
+//! | `VARLEN_ATTN_GPU_STAGES=2` | Hopper keeps two K/V stages in shared memory, not three |
+//! | `VARLEN_ATTN_GPU_BLOCK_M=128` | Hopper keeps 128-row query tiles for small problems too |
+//! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
+//! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The switches of one process (see the module docs); `Default` is the tuned configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Tuning {
+    pub mma_on_hopper: bool,
+    pub no_tma: bool,
+    pub two_stages: bool,
+    pub full_tiles_only: bool,
+    pub max_splits: Option<usize>,
+    pub dump_ptx: Option<PathBuf>,
+}
+
+impl Tuning {
+    /// This process's switches, read on first use.
+    pub fn get() -> &'static Tuning {
+        static TUNING: OnceLock<Tuning> = OnceLock::new();
+        TUNING.get_or_init(|| Tuning::from(|name| std::env::var(name).ok()))
+    }
+
+    /// The switches as `lookup` (an environment) sets them.
+    fn from(lookup: impl Fn(&str) -> Option<String>) -> Tuning {
+        let is = |name: &str, value: &str| lookup(name).is_some_and(|v| v == value);
+        Tuning {
+            mma_on_hopper: is("VARLEN_ATTN_GPU_KERNEL", "mma"),
+            no_tma: is("VARLEN_ATTN_GPU_TMA", "0"),
+            two_stages: is("VARLEN_ATTN_GPU_STAGES", "2"),
+            full_tiles_only: is("VARLEN_ATTN_GPU_BLOCK_M", "128"),
+            max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
+            dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_each_switch_and_defaults_to_the_tuned_configuration() {
+        assert_eq!(Tuning::from(|_| None), Tuning::default());
+        let env = |name: &str| {
+            Some(
+                match name {
+                    "VARLEN_ATTN_GPU_KERNEL" => "mma",
+                    "VARLEN_ATTN_GPU_TMA" => "0",
+                    "VARLEN_ATTN_GPU_STAGES" => "2",
+                    "VARLEN_ATTN_GPU_BLOCK_M" => "128",
+                    "VARLEN_ATTN_GPU_SPLITS" => "1",
+                    _ => "/tmp/ptx",
+                }
+                .to_string(),
+            )
+        };
+        let all = Tuning::from(env);
+        assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.full_tiles_only);
+        assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
+        // Other values leave the defaults.
+        assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);
+    }
+}
