@@ -47,6 +47,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs, clippy::undocumented_unsafe_blocks)]
 
+#[cfg(feature = "candle")]
+pub mod candle;
 mod cpu;
 mod element;
 mod error;
@@ -260,13 +262,17 @@ fn execute<T: Element>(
 /// [`Error::Rank`] when `view` does not have exactly 3 axes.
 pub fn view3<'a, T>(arg: &'static str, view: ArrayViewD<'a, T>) -> Result<ArrayView3<'a, T>, Error> {
     let got = view.ndim();
-    let layout = match arg {
+    view.into_dimensionality().map_err(|_| Error::Rank { arg, expected: 3, got, layout: layout_of(arg) })
+}
+
+/// The layout the argument `arg` must have, for [`Error::Rank`].
+pub(crate) fn layout_of(arg: &str) -> &'static str {
+    match arg {
         "q" => "[total_q, num_heads, head_dim]",
         "k" => "[total_k, num_kv_heads, head_dim]",
         "v" => "[total_k, num_kv_heads, head_dim_v]",
         _ => "[tokens, heads, head_dim]",
-    };
-    view.into_dimensionality().map_err(|_| Error::Rank { arg, expected: 3, got, layout })
+    }
 }
 
 /// The CPU instruction set a call with element type `T` and `params.cpu_isa` runs on, e.g. to

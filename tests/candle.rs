@@ -1,0 +1,193 @@
+//! The candle calls (`--features candle`) equal `varlen_attn::forward` bit for bit on the same
+//! data, for every dtype, GQA, causal, windows, soft-cap, strided tensors and empty sequences;
+//! bad tensors give candle errors naming the argument, never a panic.
+
+use candle_core::{DType, Device, Tensor};
+use half::{bf16, f16};
+use ndarray::Array3;
+use varlen_attn::candle::{
+    flash_attn_varlen, flash_attn_varlen_alibi_windowed_softcap, flash_attn_varlen_cpu, flash_attn_varlen_windowed,
+    flash_attn_varlen_with_lse,
+};
+use varlen_attn::{Backend, Element, Params};
+
+/// Deterministic values in [-2, 2).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// The same data as an ndarray (for `forward`) and a candle tensor.
+fn pair<T: Element + candle_core::WithDType>(shape: (usize, usize, usize), seed: u64) -> (Array3<T>, Tensor) {
+    let data: Vec<T> = values(shape.0 * shape.1 * shape.2, seed).into_iter().map(T::from_f32).collect();
+    let tensor = Tensor::from_vec(data.clone(), shape, &Device::Cpu).unwrap();
+    (Array3::from_shape_vec(shape, data).unwrap(), tensor)
+}
+
+fn cpu(params: Params) -> Params {
+    Params { backend: Backend::Cpu, ..params }
+}
+
+fn same<T: Element + candle_core::WithDType>(ours: &Tensor, expected: &Array3<T>) {
+    assert_eq!(ours.dims(), expected.shape());
+    let got: Vec<T> = ours.flatten_all().unwrap().to_vec1::<T>().unwrap();
+    let want: Vec<T> = expected.iter().copied().collect();
+    let bits = |x: &[T]| x.iter().map(|v| v.to_f32().to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+}
+
+fn u32s(values: &[i32]) -> Tensor {
+    Tensor::new(values.iter().map(|&x| x as u32).collect::<Vec<_>>().as_slice(), &Device::Cpu).unwrap()
+}
+
+fn every_mask_and_dtype<T: Element + candle_core::WithDType>() {
+    // Three sequences, one empty; GQA 4 / 2 heads; head_dim 72, head_dim_v 40.
+    let cu_q = [0, 37, 37, 130];
+    let cu_k = [0, 50, 61, 170];
+    let (q, qt) = pair::<T>((130, 4, 72), 1);
+    let (k, kt) = pair::<T>((170, 2, 72), 2);
+    let (v, vt) = pair::<T>((170, 2, 40), 3);
+    let (cq, ck) = (u32s(&cu_q), u32s(&cu_k));
+    let scale = 0.11f32;
+    let forward = |params: Params| {
+        varlen_attn::forward(
+            q.view(),
+            k.view(),
+            v.view(),
+            &cu_q,
+            &cu_k,
+            &cpu(Params { softmax_scale: Some(scale), ..params }),
+        )
+        .unwrap()
+    };
+    for causal in [false, true] {
+        let ours = flash_attn_varlen(&qt, &kt, &vt, &cq, &ck, 93, 109, scale, causal).unwrap();
+        same(&ours, &forward(Params { causal, ..Params::default() }));
+    }
+    for (left, right) in [(Some(7), Some(0)), (None, Some(0)), (Some(20), Some(3)), (Some(0), None)] {
+        let ours = flash_attn_varlen_windowed(&qt, &kt, &vt, &cq, &ck, 93, 109, scale, left, right).unwrap();
+        same(&ours, &forward(Params { window_left: left, window_right: right, ..Params::default() }));
+    }
+    let capped =
+        flash_attn_varlen_alibi_windowed_softcap(&qt, &kt, &vt, None, &cq, &ck, 93, 109, scale, Some(30), None, 5.0)
+            .unwrap();
+    same(&capped, &forward(Params { window_left: Some(30), softcap: Some(5.0), ..Params::default() }));
+
+    let (out, lse) = flash_attn_varlen_with_lse(&qt, &kt, &vt, &cq, &ck, 93, 109, scale, true).unwrap();
+    let params = cpu(Params { softmax_scale: Some(scale), causal: true, ..Params::default() });
+    let (want_out, want_lse) =
+        varlen_attn::forward_with_lse(q.view(), k.view(), v.view(), &cu_q, &cu_k, &params).unwrap();
+    same(&out, &want_out);
+    assert_eq!(lse.dims(), &[4, 130]);
+    let lse: Vec<f32> = lse.flatten_all().unwrap().to_vec1().unwrap();
+    assert_eq!(
+        lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        want_lse.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
+
+    // candle-nn's convention: per-sequence lengths; a left window alone is causal to the right.
+    let (lq, lk) = (u32s(&[37, 0, 93]), u32s(&[50, 11, 109]));
+    let ours = flash_attn_varlen_cpu(&qt, &kt, &vt, None, &lq, &lk, 93, 109, scale, false, Some(9), None).unwrap();
+    same(&ours, &forward(Params { window_left: Some(9), window_right: Some(0), ..Params::default() }));
+    let ours = flash_attn_varlen_cpu(&qt, &kt, &vt, None, &lq, &lk, 93, 109, scale, true, Some(9), Some(4)).unwrap();
+    same(&ours, &forward(Params { window_left: Some(9), window_right: Some(0), ..Params::default() }));
+    let ours = flash_attn_varlen_cpu(&qt, &kt, &vt, None, &lq, &lk, 93, 109, scale, false, None, None).unwrap();
+    same(&ours, &forward(Params::default()));
+}
+
+#[test]
+fn equals_forward_bit_for_bit_in_bf16() {
+    every_mask_and_dtype::<bf16>();
+}
+
+#[test]
+fn equals_forward_bit_for_bit_in_f16() {
+    every_mask_and_dtype::<f16>();
+}
+
+#[test]
+fn equals_forward_bit_for_bit_in_f32() {
+    every_mask_and_dtype::<f32>();
+}
+
+#[test]
+fn strided_tensors_are_read_in_place() {
+    // q, k and v as views into one packed [tokens, 3, heads, dim] tensor, and a transposed one.
+    let (tokens, heads, dim) = (90, 4, 64);
+    let qkv_data: Vec<bf16> = values(tokens * 3 * heads * dim, 9).into_iter().map(bf16::from_f32).collect();
+    let qkv = Tensor::from_vec(qkv_data, (tokens, 3, heads, dim), &Device::Cpu).unwrap();
+    let part = |i| qkv.narrow(1, i, 1).unwrap().squeeze(1).unwrap();
+    let (q, k) = (part(0), part(1));
+    // v stored [heads, tokens, dim], seen as [tokens, heads, dim].
+    let v_heads_first = Tensor::from_vec(
+        values(heads * tokens * dim, 10).into_iter().map(bf16::from_f32).collect::<Vec<_>>(),
+        (heads, tokens, dim),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let v = v_heads_first.transpose(0, 1).unwrap();
+    assert!(!q.is_contiguous() && !v.is_contiguous());
+    let cu = u32s(&[0, 30, 90]);
+    let ours = flash_attn_varlen(&q, &k, &v, &cu, &cu, 60, 60, 0.125, true).unwrap();
+    let array = |t: &Tensor| {
+        let c = t.contiguous().unwrap();
+        Array3::from_shape_vec((tokens, heads, dim), c.flatten_all().unwrap().to_vec1::<bf16>().unwrap()).unwrap()
+    };
+    let params = cpu(Params { softmax_scale: Some(0.125), causal: true, ..Params::default() });
+    let want =
+        varlen_attn::forward(array(&q).view(), array(&k).view(), array(&v).view(), &[0, 30, 90], &[0, 30, 90], &params)
+            .unwrap();
+    same(&ours, &want);
+}
+
+#[test]
+fn bad_tensors_give_candle_errors_naming_the_argument() {
+    let x = Tensor::zeros((6, 2, 8), DType::BF16, &Device::Cpu).unwrap();
+    let cu = u32s(&[0, 6]);
+    let message = |r: candle_core::Result<Tensor>| r.unwrap_err().to_string();
+    let flat = Tensor::zeros((6, 16), DType::BF16, &Device::Cpu).unwrap();
+    let m = message(flash_attn_varlen(&flat, &x, &x, &cu, &cu, 6, 6, 0.3, false));
+    assert!(m.contains("q has rank 2, expected 3"), "{m}");
+    let f16s = x.to_dtype(DType::F16).unwrap();
+    let m = message(flash_attn_varlen(&x, &f16s, &x, &cu, &cu, 6, 6, 0.3, false));
+    assert!(m.contains("k is F16 but q is BF16"), "{m}");
+    let f64s = x.to_dtype(DType::F64).unwrap();
+    let m = message(flash_attn_varlen(&f64s, &f64s, &f64s, &cu, &cu, 6, 6, 0.3, false));
+    assert!(m.contains("bf16, f16 or f32"), "{m}");
+    let float_seqlens = Tensor::new(&[0f32, 6.0], &Device::Cpu).unwrap();
+    let m = message(flash_attn_varlen(&x, &x, &x, &float_seqlens, &cu, 6, 6, 0.3, false));
+    assert!(m.contains("seqlens_q must be u32, i64 or i32"), "{m}");
+    let m = message(flash_attn_varlen(&x, &x, &x, &u32s(&[0, 4]), &cu, 6, 6, 0.3, false));
+    assert!(m.contains("cu_seqlens_q"), "{m}");
+    let m = message(flash_attn_varlen(&x, &x, &x, &u32s(&[0, 6]), &u32s(&[0, 2, 6]), 6, 6, 0.3, false));
+    assert!(m.contains("cu_seqlens"), "{m}");
+    let two_d = Tensor::zeros((2, 2), DType::U32, &Device::Cpu).unwrap();
+    let m = message(flash_attn_varlen(&x, &x, &x, &two_d, &cu, 6, 6, 0.3, false));
+    assert!(m.contains("seqlens_q must have rank 1"), "{m}");
+    let slopes = Tensor::zeros(2, DType::F32, &Device::Cpu).unwrap();
+    let m = message(flash_attn_varlen_alibi_windowed_softcap(
+        &x,
+        &x,
+        &x,
+        Some(&slopes),
+        &cu,
+        &cu,
+        6,
+        6,
+        0.3,
+        None,
+        None,
+        5.0,
+    ));
+    assert!(m.contains("alibi"), "{m}");
+    let lengths = u32s(&[6]);
+    let m = message(flash_attn_varlen_cpu(&x, &x, &x, None, &lengths, &lengths, 6, 6, 0.3, false, None, Some(2)));
+    assert!(m.contains("window_right needs window_left"), "{m}");
+    let m = message(flash_attn_varlen(&x, &x, &x, &cu, &cu, 6, 6, -1.0, false));
+    assert!(m.contains("scale"), "{m}");
+}
