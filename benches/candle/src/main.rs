@@ -83,7 +83,18 @@ fn main() -> candle_core::Result<()> {
             } else {
                 let call = || {
                     candle_nn::attention::flash_attn_varlen_cpu(
-                        &q, &k, &v, None, &len_t, &len_t, longest, longest, scale as f32, false, None, None,
+                        &q,
+                        &k,
+                        &v,
+                        None,
+                        &len_t,
+                        &len_t,
+                        longest,
+                        longest,
+                        scale as f32,
+                        false,
+                        None,
+                        None,
                     )
                 };
                 let (first, out) = time(1, call)?;
