@@ -31,8 +31,20 @@ fn device() -> Option<Device> {
 
 const GPU: [(Backend, CpuIsa); 1] = [(Backend::Gpu, CpuIsa::Auto)];
 
+/// `n` property cases, or fewer where `VARLEN_ATTN_GPU_CASES` caps them (the sanitizer runs,
+/// `fuzz/sanitize-gpu.sh`, where every kernel runs tens of times slower).
+fn cases(n: u32) -> u32 {
+    std::env::var("VARLEN_ATTN_GPU_CASES").ok().and_then(|c| c.parse().ok()).map_or(n, |cap: u32| n.min(cap.max(1)))
+}
+
+/// Whether the tests that need tens of GiB (tensors past 2^31 elements) are skipped: under a
+/// sanitizer, which shadows every byte.
+fn skip_huge() -> bool {
+    std::env::var_os("VARLEN_ATTN_GPU_CASES").is_some()
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(128), ..ProptestConfig::default() })]
 
     #[test]
     fn bf16_on_the_gpu_matches_the_oracle(c in case()) {
@@ -50,7 +62,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(12), ..ProptestConfig::default() })]
 
     /// Long sequences of one or two heads: the keys are split across blocks where that pays
     /// (most single-head cases; see the plan's tests), and a second kernel merges the splits
@@ -177,7 +189,7 @@ fn windows_wider_than_the_sequence_are_no_window_on_the_gpu() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
 
     /// Large finite score gaps (magnitudes 1e-30 to past the edge, scales up to 1e30, with
     /// soft-caps and causal masks): the oracle's answer or `Error::BeyondF32`, never inf/NaN.
@@ -214,4 +226,55 @@ fn huge_scales_with_key_splits_on_the_gpu() {
             check_paths(&GPU, &q, &k, &v, &[2000, 100], &[2000, 100], &p).unwrap();
         }
     }
+}
+
+/// Tensors past 2^31 elements (2,200 sequences of 1,024 tokens, 16 heads × 72: 2.6e9 elements,
+/// 5.2 GB each in bf16): every offset into q, k, v and the output is computed in 64 bits. Rows
+/// before, around and far past element 2^31 are checked against the oracle.
+#[test]
+fn tensors_past_two_to_the_31_elements() {
+    if device().is_none() {
+        return;
+    }
+    if skip_huge() {
+        eprintln!("note: skipping the 2^31-element test under VARLEN_ATTN_GPU_CASES (a sanitizer run)");
+        return;
+    }
+    use rayon::prelude::*;
+    let (sequences, length, heads, dim) = (2200usize, 1024usize, 16usize, 72usize);
+    let tokens = sequences * length;
+    assert!(tokens * heads * dim > 1 << 31);
+    // Deterministic values in [-2, 2), filled in parallel (2.6e9 per tensor).
+    let random = |seed: u64| {
+        let mut data = vec![bf16::ZERO; tokens * heads * dim];
+        data.par_chunks_mut(1 << 16).enumerate().for_each(|(chunk, values)| {
+            let mut state = (seed << 40) ^ chunk as u64 ^ 0x9E37_79B9_7F4A_7C15;
+            for x in values {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                *x = bf16::from_f32((state >> 40) as f32 / (1u64 << 22) as f32 - 2.0);
+            }
+        });
+        ndarray::Array3::from_shape_vec((tokens, heads, dim), data).unwrap()
+    };
+    let (q, k, v) = (random(1), random(2), random(3));
+    let cu: Vec<i32> = (0..=sequences).map(|b| (b * length) as i32).collect();
+    let params = Params { backend: Backend::Gpu, ..Params::default() };
+    let out = match varlen_attn::forward(q.view(), k.view(), v.view(), &cu, &cu, &params) {
+        Ok(out) => out,
+        Err(varlen_attn::Error::Gpu(e)) if e.contains("out of device memory") => {
+            eprintln!("note: skipping the 2^31-element test: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    // Element 2^31 falls in token 2^31 / (16 · 72) = 1,864,135.
+    let boundary = (1usize << 31) / (heads * dim);
+    let rows: Vec<usize> =
+        [0, 1023, 1024, boundary - 1, boundary, boundary + 1, tokens / 2, tokens - 1025, tokens - 1].into();
+    let reference = oracle::reference_rows(q.view(), k.view(), v.view(), &cu, &cu, &params, &rows).unwrap();
+    let report = reference.compare(out.view());
+    eprintln!("2^31 elements: {report}");
+    assert!(report.worst.is_none(), "{report}");
 }
