@@ -152,6 +152,12 @@ pub enum Error {
     #[error("GPU error: {0}")]
     Gpu(String),
 
+    /// `cu_seqlens` on the device (`gpu::forward_device_seqlens`) broke a rule in a call queued
+    /// since the last check: they must start at 0, never decrease, and end at the token counts
+    /// of q and k. Those calls wrote nothing.
+    #[error("cu_seqlens on the device broke a rule (start at 0, never decrease, end at the token counts) in a call since the last check; those calls wrote nothing")]
+    DeviceCuSeqlens,
+
     /// A device buffer is shorter than the tensor laid over it needs.
     #[error("{arg} needs {needed} elements but its device buffer holds {len}")]
     BufferTooSmall {

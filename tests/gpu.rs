@@ -14,7 +14,7 @@ use common::check_non_finite_inputs_stay_in_their_sequence;
 use common::extreme::{check_extreme, check_paths, extreme, uniform};
 use half::{bf16, f16};
 use proptest::prelude::*;
-use varlen_attn::gpu::{forward_device, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
+use varlen_attn::gpu::{forward_device, forward_device_seqlens, Device, DeviceBuffer, DeviceTensor, DeviceTensorMut};
 use varlen_attn::{internal::workloads::SEED_SHAPES, oracle, Backend, CpuIsa, Params};
 
 /// The device, or `None` after printing (once) why there is none.
@@ -277,4 +277,137 @@ fn tensors_past_two_to_the_31_elements() {
     let report = reference.compare(out.view());
     eprintln!("2^31 elements: {report}");
     assert!(report.worst.is_none(), "{report}");
+}
+
+/// Packed random bf16 inputs for sequences of `lengths` (the same for queries and keys), 16
+/// heads × 72, with their cu_seqlens.
+fn packed_batch(lengths: &[usize], seed: u64) -> ([ndarray::Array3<bf16>; 3], Vec<i32>) {
+    let mut rng = common::Rng::new(seed);
+    let tokens: usize = lengths.iter().sum();
+    let tensor = |rng: &mut common::Rng| uniform::<bf16>(rng, (tokens, 16, 72), 2.0);
+    let cu = std::iter::once(0).chain(lengths.iter().scan(0, |s, &l| {
+        *s += l as i32;
+        Some(*s)
+    }));
+    ([tensor(&mut rng), tensor(&mut rng), tensor(&mut rng)], cu.collect())
+}
+
+/// The device-seqlens call on `device` with the inputs uploaded, into `out` (and an LSE).
+fn run_device_seqlens(
+    device: &Device,
+    inputs: &[DeviceBuffer<bf16>; 3],
+    cu: &DeviceBuffer<i32>,
+    params: &Params,
+    out: &mut DeviceBuffer<bf16>,
+    lse: &mut DeviceBuffer<f32>,
+) -> Result<(), varlen_attn::Error> {
+    let tokens = out.len() / (16 * 72);
+    let t = |b| DeviceTensor::new(b, [tokens, 16, 72]).unwrap();
+    let out = DeviceTensorMut::new(out, [tokens, 16, 72]).unwrap();
+    forward_device_seqlens(device, t(&inputs[0]), t(&inputs[1]), t(&inputs[2]), cu, cu, params, out, Some(lse))
+}
+
+/// Checks `out` and `lse` (from the device) against the oracle on sampled rows.
+fn check_against_oracle(
+    inputs: &[ndarray::Array3<bf16>; 3],
+    cu: &[i32],
+    params: &Params,
+    out: Vec<bf16>,
+    lse: Vec<f32>,
+) {
+    let [q, k, v] = inputs;
+    let tokens = q.dim().0;
+    let out = ndarray::Array3::from_shape_vec((tokens, 16, 72), out).unwrap();
+    let lse = ndarray::Array2::from_shape_vec((16, tokens), lse).unwrap();
+    let rows: Vec<usize> = (0..tokens).step_by(tokens.div_ceil(300).max(1)).chain([tokens - 1]).collect();
+    let reference = oracle::reference_rows(q.view(), k.view(), v.view(), cu, cu, params, &rows).unwrap();
+    let report = reference.compare(out.view());
+    assert!(report.worst.is_none(), "{report}");
+    assert!(reference.compare_lse(lse.view()).worst.is_none());
+}
+
+/// cu_seqlens on the device: a mixed batch of images (with an empty one), causal and not, and a
+/// batch of 2,000 short sequences (more than the planning kernel's threads), match the oracle.
+#[test]
+fn device_seqlens_match_the_oracle() {
+    let Some(device) = device() else { return };
+    let many: Vec<usize> = (0..2000).map(|i| i % 7).collect();
+    for (lengths, causal) in
+        [(vec![720, 1200, 276, 0, 64, 1, 600], false), (vec![720, 1200, 276, 0, 64, 1, 600], true), (many, false)]
+    {
+        let (inputs, cu) = packed_batch(&lengths, 11);
+        let uploaded = inputs.clone().map(|a| device.upload(a.as_slice().unwrap()).unwrap());
+        let cu_device = device.upload(&cu).unwrap();
+        let mut out = device.zeros::<bf16>(inputs[0].len()).unwrap();
+        let mut lse = device.zeros::<f32>(inputs[0].dim().0 * 16).unwrap();
+        let params = Params { causal, ..Params::default() };
+        run_device_seqlens(&device, &uploaded, &cu_device, &params, &mut out, &mut lse).unwrap();
+        device.check_seqlens().unwrap();
+        check_against_oracle(&inputs, &cu, &params, device.download(&out).unwrap(), device.download(&lse).unwrap());
+    }
+}
+
+/// cu_seqlens on the device that break a rule: the call writes nothing, and the next check
+/// reports it once.
+#[test]
+fn bad_device_seqlens_write_nothing_and_are_reported() {
+    let Some(device) = device() else { return };
+    let (inputs, cu) = packed_batch(&[100, 50, 30], 12);
+    let uploaded = inputs.clone().map(|a| device.upload(a.as_slice().unwrap()).unwrap());
+    let sentinel = bf16::from_f32(7.0);
+    for bad in [vec![0, 100, 90, 180], vec![1, 100, 150, 180], vec![0, 100, 150, 179], vec![0, 100, 150, 5000]] {
+        let cu_device = device.upload(&bad).unwrap();
+        let mut out = device.upload(&vec![sentinel; inputs[0].len()]).unwrap();
+        let mut lse = device.zeros::<f32>(180 * 16).unwrap();
+        run_device_seqlens(&device, &uploaded, &cu_device, &Params::default(), &mut out, &mut lse).unwrap();
+        assert_eq!(device.check_seqlens(), Err(varlen_attn::Error::DeviceCuSeqlens), "{bad:?}");
+        assert!(device.download(&out).unwrap().iter().all(|&x| x == sentinel), "{bad:?} wrote");
+        assert_eq!(device.check_seqlens(), Ok(()), "the flag is lowered once reported");
+    }
+    // Buffers of different lengths are refused on the host.
+    let (short, long) = (device.upload(&[0i32, 180]).unwrap(), device.upload(&cu).unwrap());
+    let t = |b| DeviceTensor::new(b, [180, 16, 72]).unwrap();
+    let mut out = device.zeros::<bf16>(inputs[0].len()).unwrap();
+    let err = forward_device_seqlens(
+        &device,
+        t(&uploaded[0]),
+        t(&uploaded[1]),
+        t(&uploaded[2]),
+        &short,
+        &long,
+        &Params::default(),
+        DeviceTensorMut::new(&mut out, [180, 16, 72]).unwrap(),
+        None,
+    )
+    .unwrap_err();
+    assert!(matches!(err, varlen_attn::Error::CuSeqlensLength { .. }), "{err}");
+}
+
+/// A CUDA graph captures the device-seqlens call once and replays it with other cu_seqlens
+/// written into the same buffer: each replay matches the oracle for the lengths of then.
+#[test]
+fn a_captured_call_replays_with_new_device_seqlens() {
+    let Some(device) = device() else { return };
+    let (inputs, first) = packed_batch(&[300, 700, 24, 1000], 13);
+    let second: Vec<i32> = vec![0, 1000, 1001, 1600, 2024];
+    let uploaded = inputs.clone().map(|a| device.upload(a.as_slice().unwrap()).unwrap());
+    let mut cu = device.upload(&first).unwrap();
+    let mut out = device.zeros::<bf16>(inputs[0].len()).unwrap();
+    let mut lse = device.zeros::<f32>(2024 * 16).unwrap();
+    let params = Params { causal: true, ..Params::default() };
+    // One call first: the kernel compiles, the workspace and the flag are made.
+    run_device_seqlens(&device, &uploaded, &cu, &params, &mut out, &mut lse).unwrap();
+    let direct = device.download(&out).unwrap();
+    let graph =
+        device.capture(&mut || run_device_seqlens(&device, &uploaded, &cu, &params, &mut out, &mut lse)).unwrap();
+    for lengths in [&second, &first, &second] {
+        device.write(&mut cu, lengths).unwrap();
+        graph.replay().unwrap();
+        device.check_seqlens().unwrap();
+        let (got, got_lse) = (device.download(&out).unwrap(), device.download(&lse).unwrap());
+        if lengths == &first {
+            assert_eq!(got, direct, "the replay equals the direct call");
+        }
+        check_against_oracle(&inputs, lengths, &params, got, got_lse);
+    }
 }

@@ -60,3 +60,70 @@ pub fn forward_device<T: Element>(
     }
     device.run(&problem, &q, &k, &v, out, lse)
 }
+
+/// [`forward_device`] with `cu_seqlens_q` and `cu_seqlens_k` in device memory (`batch + 1`
+/// entries each): nothing is copied to or from the host, the call only queues work, and it
+/// can be captured in a CUDA graph ([`Device::capture`]) and replayed with other cu_seqlens in
+/// the same buffers.
+///
+/// The host checks what it can see: shapes, strides, head counts, parameters, and that both
+/// buffers have the same length of at least 2. The cu_seqlens themselves are checked on the
+/// GPU, by the small kernel that plans the tiles from them (start at 0, never decrease, end
+/// at q's and k's token counts): cu_seqlens that break a rule make the call write nothing
+/// (no block reads q, k or v, none writes `out` or `lse`) and raise the device's flag, which
+/// [`Device::check_seqlens`] reports. The grid is sized for the most tiles q's token count
+/// allows; the keys are not split across blocks (the host cannot see the lengths).
+///
+/// ```no_run
+/// use half::bf16;
+/// use varlen_attn::gpu::{forward_device_seqlens, Device, DeviceTensor, DeviceTensorMut};
+/// let device = Device::open(0)?;
+/// let x = device.upload(&vec![bf16::from_f32(0.5); 6 * 2 * 64])?;
+/// let cu = device.upload(&[0i32, 2, 6])?;
+/// let mut out = device.zeros::<bf16>(6 * 2 * 64)?;
+/// let t = |b| DeviceTensor::new(b, [6, 2, 64]);
+/// forward_device_seqlens(&device, t(&x)?, t(&x)?, t(&x)?, &cu, &cu, &Default::default(),
+///                        DeviceTensorMut::new(&mut out, [6, 2, 64])?, None)?;
+/// device.check_seqlens()?;
+/// assert_eq!(device.download(&out)?[0], bf16::from_f32(0.5));
+/// # Ok::<(), varlen_attn::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`forward_device`] for what the host checks; [`Error::CuSeqlensLength`] and
+/// [`Error::CuSeqlensTooShort`] for the buffers' lengths. Bad cu_seqlens values are reported
+/// later, by [`Device::check_seqlens`] ([`Error::DeviceCuSeqlens`]).
+#[allow(clippy::too_many_arguments)]
+pub fn forward_device_seqlens<T: Element>(
+    device: &Device,
+    q: DeviceTensor<T>,
+    k: DeviceTensor<T>,
+    v: DeviceTensor<T>,
+    cu_seqlens_q: &DeviceBuffer<i32>,
+    cu_seqlens_k: &DeviceBuffer<i32>,
+    params: &Params,
+    out: DeviceTensorMut<T>,
+    lse: Option<&mut DeviceBuffer<f32>>,
+) -> Result<(), Error> {
+    let (q_len, k_len) = (cu_seqlens_q.len(), cu_seqlens_k.len());
+    if q_len != k_len {
+        return Err(Error::CuSeqlensLength { q_len, k_len });
+    }
+    if q_len < 2 {
+        return Err(Error::CuSeqlensTooShort { arg: "cu_seqlens_q", len: q_len });
+    }
+    // The host validates the call as one sequence of all the tokens: shapes, heads, parameters.
+    let tokens =
+        |n: usize| i32::try_from(n).map_err(|_| Error::GpuUnsupported(format!("{n} tokens: cu_seqlens are i32")));
+    let whole_q = [0, tokens(q.shape[0])?];
+    let whole_k = [0, tokens(k.shape[0])?];
+    let problem = Problem::new(q.shape, k.shape, v.shape, &whole_q, &whole_k, params)?;
+    problem.check_output("out", &out.shape)?;
+    if let Some(lse) = &lse {
+        let needed = problem.num_heads * problem.total_q;
+        if lse.len() < needed {
+            return Err(Error::BufferTooSmall { arg: "lse", needed, len: lse.len() });
+        }
+    }
+    device.run_with_device_seqlens(&problem, [cu_seqlens_q, cu_seqlens_k], &q, &k, &v, out, lse)
+}

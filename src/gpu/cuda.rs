@@ -2,7 +2,7 @@
 //! crate builds with no CUDA toolkit), kernels compiled per variant and cached.
 
 use super::plan::{KernelParams, Target, Variant};
-use super::runtime::{Dims, Entry, KernelCache, Runtime};
+use super::runtime::{Dims, Entry, KernelCache, Runtime, StatusFlag};
 use super::source;
 use super::tensor_map::{TensorMap, TensorMapShape};
 use super::tuning::Tuning;
@@ -63,6 +63,7 @@ fn encode_tensor_map(shape: &TensorMapShape, f16: bool) -> Option<TensorMap> {
 pub(crate) struct Kernels {
     attention: CudaFunction,
     merge: CudaFunction,
+    plan_tiles: CudaFunction,
 }
 
 /// One NVIDIA GPU with its stream and compiled kernels.
@@ -74,8 +75,9 @@ pub(crate) struct CudaDevice {
     target: Target,
     multiprocessors: usize,
     kernels: KernelCache<Kernels>,
-    /// The key-split workspace, kept between calls.
+    /// The workspace, kept between calls.
     workspace: Workspace<CudaSlice<u8>>,
+    status: StatusFlag<CudaSlice<u8>>,
 }
 
 fn gpu_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -134,6 +136,7 @@ impl CudaDevice {
             multiprocessors,
             kernels: KernelCache::new(),
             workspace: Workspace::new(),
+            status: StatusFlag::new(),
         })
     }
 
@@ -161,14 +164,30 @@ impl CudaDevice {
         }
         let module = self.stream.context().load_module(ptx).map_err(gpu_error("loading the compiled kernel"))?;
         let load = |entry: Entry| module.load_function(entry.name()).map_err(gpu_error("finding a kernel"));
-        let (attention, merge) = (load(Entry::Attention)?, load(Entry::Merge)?);
+        let (attention, merge, plan_tiles) = (load(Entry::Attention)?, load(Entry::Merge)?, load(Entry::PlanTiles)?);
         attention
             .set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 variant.shared_bytes() as i32,
             )
             .map_err(gpu_error("raising the kernel's shared-memory limit"))?;
-        Ok(Kernels { attention, merge })
+        Ok(Kernels { attention, merge, plan_tiles })
+    }
+}
+
+impl CudaDevice {
+    /// Captures the work `work` queues on the stream into an instantiated graph.
+    pub fn capture(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<cudarc::driver::CudaGraph, Error> {
+        use cudarc::driver::sys;
+        // Relaxed: a kernel compiled on first use (module loads) does not break the capture.
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+            .map_err(gpu_error("starting a graph capture"))?;
+        let queued = work();
+        let graph =
+            self.stream.end_capture(sys::CUgraphInstantiate_flags(0)).map_err(gpu_error("ending a graph capture"));
+        queued?;
+        graph?.ok_or_else(|| Error::Gpu("the capture recorded no work".into()))
     }
 }
 
@@ -203,6 +222,12 @@ impl Runtime for CudaDevice {
         self.stream.memcpy_dtoh(&buffer.slice(0..bytes.len()), bytes).map_err(gpu_error("copying from the device"))
     }
 
+    fn write(&self, buffer: &mut CudaSlice<u8>, bytes: &[u8]) -> Result<(), Error> {
+        self.stream
+            .memcpy_htod(bytes, &mut buffer.slice_mut(0..bytes.len()))
+            .map_err(gpu_error("copying to the device"))
+    }
+
     fn address(&self, buffer: &CudaSlice<u8>) -> u64 {
         buffer.device_ptr(&self.stream).0
     }
@@ -231,6 +256,10 @@ impl Runtime for CudaDevice {
         &self.workspace
     }
 
+    fn status(&self) -> &StatusFlag<CudaSlice<u8>> {
+        &self.status
+    }
+
     fn tensor_maps(&self, shapes: [TensorMapShape; 2], f16: bool) -> Option<[TensorMap; 2]> {
         if Tuning::get().no_tma {
             return None;
@@ -249,6 +278,7 @@ impl Runtime for CudaDevice {
         let function = match entry {
             Entry::Attention => &kernels.attention,
             Entry::Merge => &kernels.merge,
+            Entry::PlanTiles => &kernels.plan_tiles,
         };
         let config =
             LaunchConfig { grid_dim: dims.grid, block_dim: (dims.threads, 1, 1), shared_mem_bytes: dims.shared_bytes };
@@ -262,6 +292,7 @@ impl Runtime for CudaDevice {
         unsafe { launch.launch(config) }.map_err(gpu_error(match entry {
             Entry::Attention => "launching the attention kernel",
             Entry::Merge => "launching the merge kernel",
+            Entry::PlanTiles => "launching the tile-planning kernel",
         }))?;
         Ok(())
     }

@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::problem::Problem;
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicU64, Ordering};
+use cudarc::driver::CudaGraph;
 use cudarc::driver::CudaSlice;
 
 /// One GPU and the stream the calls are queued on.
@@ -195,6 +196,38 @@ impl Device {
         out: DeviceTensorMut<T>,
         lse: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<(), Error> {
+        self.queue(problem, None, q, k, v, out, lse)
+    }
+
+    /// Queues a problem whose cu_seqlens are on this device (`problem`: the call as one
+    /// sequence of all the tokens, validated).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_with_device_seqlens<T: Element>(
+        &self,
+        problem: &Problem,
+        cu_seqlens: [&DeviceBuffer<i32>; 2],
+        q: &DeviceTensor<T>,
+        k: &DeviceTensor<T>,
+        v: &DeviceTensor<T>,
+        out: DeviceTensorMut<T>,
+        lse: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<(), Error> {
+        let batch = cu_seqlens[0].len() - 1;
+        let addresses = [self.address(cu_seqlens[0])?, self.address(cu_seqlens[1])?];
+        self.queue(problem, Some((batch, addresses)), q, k, v, out, lse)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue<T: Element>(
+        &self,
+        problem: &Problem,
+        device_seqlens: Option<(usize, [u64; 2])>,
+        q: &DeviceTensor<T>,
+        k: &DeviceTensor<T>,
+        v: &DeviceTensor<T>,
+        out: DeviceTensorMut<T>,
+        lse: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<(), Error> {
         let f16 = match T::DTYPE {
             DType::BF16 => false,
             DType::F16 => true,
@@ -212,13 +245,84 @@ impl Device {
         };
         on_runtime!(self, r => {
             let gpu = Gpu { target: r.target(), multiprocessors: r.multiprocessors() };
-            let plan = Plan::new(problem, f16, gpu, Tuning::get(), operands);
+            let plan = match device_seqlens {
+                None => Plan::new(problem, f16, gpu, Tuning::get(), operands),
+                Some((batch, cu)) => Plan::with_device_seqlens(problem, batch, cu, f16, gpu, Tuning::get(), operands),
+            };
             // SAFETY: every operand is a live buffer of this device (checked by `address`),
             // holding the shape and strides its tensor was checked against; the problem was
-            // validated against those shapes. `out` and `lse` are borrowed mutably for the call,
-            // and the buffers free stream-ordered, after the kernels.
+            // validated against those shapes (device cu_seqlens: their buffers hold batch + 1
+            // entries each, and the kernel checks their values before any block reads a
+            // tensor). `out` and `lse` are borrowed mutably for the call, and the buffers free
+            // stream-ordered, after the kernels.
             unsafe { runtime::launch(r, &plan) }
         })
+    }
+
+    /// Waits for the queued work and reports whether a call's cu_seqlens on the device
+    /// ([`forward_device_seqlens`](super::forward_device_seqlens)) broke a rule since the last
+    /// check; the flag is lowered.
+    ///
+    /// # Errors
+    /// [`Error::DeviceCuSeqlens`] when one did (those calls wrote nothing); [`Error::Gpu`] when
+    /// the GPU fails.
+    pub fn check_seqlens(&self) -> Result<(), Error> {
+        if on_runtime!(self, r => runtime::take_status(r))? {
+            Err(Error::DeviceCuSeqlens)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Overwrites the start of `buffer` with `host`, in the order of the queued work (for
+    /// cu_seqlens that a captured graph reads, say).
+    ///
+    /// # Errors
+    /// [`Error::BufferTooSmall`] when `host` is longer than the buffer; [`Error::Gpu`] when the
+    /// copy fails or the buffer is another device's.
+    pub fn write<T: bytemuck::Pod>(&self, buffer: &mut DeviceBuffer<T>, host: &[T]) -> Result<(), Error> {
+        self.check_owner(buffer)?;
+        if host.len() > buffer.len {
+            return Err(Error::BufferTooSmall { arg: "write", needed: host.len(), len: buffer.len });
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(host);
+        match (&self.runtime, &mut buffer.raw) {
+            (Vendor::Cuda(r), Raw::Cuda(b)) => r.write(b, bytes),
+            (Vendor::Hip(r), Raw::Hip(b)) => r.write(b, bytes),
+            _ => Err(Error::Gpu("the buffer belongs to another kind of device".into())),
+        }
+    }
+
+    /// Captures the work that `work` queues on this device into a [`Graph`] instead of running
+    /// it (NVIDIA only). Replays read the buffers' contents of then: rewrite cu_seqlens with
+    /// [`Device::write`] between replays. Make one call of the same variant before capturing
+    /// (it compiles the kernel and sizes the workspace and the status flag, which must not
+    /// happen inside a capture), and capture only calls that copy nothing from the host:
+    /// [`forward_device_seqlens`](super::forward_device_seqlens).
+    ///
+    /// # Errors
+    /// What `work` returns; [`Error::GpuUnsupported`] on AMD GPUs; [`Error::Gpu`] when the
+    /// capture fails.
+    pub fn capture(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<Graph, Error> {
+        match &self.runtime {
+            Vendor::Cuda(r) => Ok(Graph { graph: r.capture(work)? }),
+            Vendor::Hip(_) => Err(Error::GpuUnsupported("graph capture on AMD GPUs".into())),
+        }
+    }
+}
+
+/// Work captured on a device's stream ([`Device::capture`]), replayed as one launch.
+pub struct Graph {
+    graph: CudaGraph,
+}
+
+impl Graph {
+    /// Queues the captured work again, on the device's stream.
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] when the launch fails.
+    pub fn replay(&self) -> Result<(), Error> {
+        self.graph.launch().map_err(|e| Error::Gpu(format!("replaying a graph: {e}")))
     }
 }
 

@@ -6,7 +6,7 @@
 //! kernel with hipcc for gfx90a in CI, this file in every `gpu` build) but has never run.
 
 use super::plan::{KernelParams, Target, Variant};
-use super::runtime::{Dims, Entry, KernelCache, Runtime};
+use super::runtime::{Dims, Entry, KernelCache, Runtime, StatusFlag};
 use super::source;
 use super::tensor_map::TensorMap;
 use super::workspace::Workspace;
@@ -236,6 +236,7 @@ impl Drop for HipBuffer {
 pub(crate) struct Kernels {
     attention: Function,
     merge: Function,
+    plan_tiles: Function,
 }
 
 // SAFETY: HIP function handles may be launched from any thread.
@@ -250,8 +251,9 @@ pub(crate) struct HipDevice {
     name: String,
     multiprocessors: usize,
     kernels: KernelCache<Kernels>,
-    /// The key-split workspace, kept between calls.
+    /// The workspace, kept between calls.
     workspace: Workspace<HipBuffer>,
+    status: StatusFlag<HipBuffer>,
 }
 
 // SAFETY: the stream handle is used through HIP's thread-safe API only.
@@ -297,6 +299,7 @@ impl HipDevice {
             multiprocessors: multiprocessors.max(1) as usize,
             kernels: KernelCache::new(),
             workspace: Workspace::new(),
+            status: StatusFlag::new(),
         })
     }
 
@@ -353,9 +356,11 @@ impl HipDevice {
     fn load(&self, variant: Variant) -> Result<Kernels, Error> {
         let code = self.compile(&variant)?;
         let mut module: Module = core::ptr::null_mut();
-        let (mut attention, mut merge): (Function, Function) = (core::ptr::null_mut(), core::ptr::null_mut());
+        let (mut attention, mut merge, mut plan_tiles): (Function, Function, Function) =
+            (core::ptr::null_mut(), core::ptr::null_mut(), core::ptr::null_mut());
         let name = |entry: Entry| CString::new(entry.name()).expect("kernel names have no NUL");
-        let (attention_name, merge_name) = (name(Entry::Attention), name(Entry::Merge));
+        let (attention_name, merge_name, plan_name) =
+            (name(Entry::Attention), name(Entry::Merge), name(Entry::PlanTiles));
         // SAFETY: `code` is a code object hipRTC produced; the names are NUL-terminated; the
         // attribute call names a function of the loaded module.
         unsafe {
@@ -365,6 +370,7 @@ impl HipDevice {
                 (self.api.module_get_function)(&mut attention, module, attention_name.as_ptr()),
             )?;
             check("hipModuleGetFunction", (self.api.module_get_function)(&mut merge, module, merge_name.as_ptr()))?;
+            check("hipModuleGetFunction", (self.api.module_get_function)(&mut plan_tiles, module, plan_name.as_ptr()))?;
             check(
                 "hipFuncSetAttribute",
                 (self.api.func_set_attribute)(
@@ -374,7 +380,7 @@ impl HipDevice {
                 ),
             )?;
         }
-        Ok(Kernels { attention, merge })
+        Ok(Kernels { attention, merge, plan_tiles })
     }
 }
 
@@ -420,6 +426,14 @@ impl Runtime for HipDevice {
         }
     }
 
+    fn write(&self, buffer: &mut HipBuffer, bytes: &[u8]) -> Result<(), Error> {
+        // Stream order: hipMemcpyHtoD is synchronous with the null stream, so wait for ours.
+        self.synchronize()?;
+        // SAFETY: copies `bytes.len()` bytes, no more than the buffer holds (the caller's
+        // count), from a live slice.
+        unsafe { check("hipMemcpyHtoD", (self.api.memcpy_htod)(buffer.pointer, bytes.as_ptr().cast(), bytes.len())) }
+    }
+
     fn address(&self, buffer: &HipBuffer) -> u64 {
         buffer.pointer as u64
     }
@@ -453,6 +467,10 @@ impl Runtime for HipDevice {
         &self.workspace
     }
 
+    fn status(&self) -> &StatusFlag<HipBuffer> {
+        &self.status
+    }
+
     unsafe fn launch(
         &self,
         kernels: &Kernels,
@@ -464,6 +482,7 @@ impl Runtime for HipDevice {
         let (function, what) = match entry {
             Entry::Attention => (kernels.attention, "launching the attention kernel"),
             Entry::Merge => (kernels.merge, "launching the merge kernel"),
+            Entry::PlanTiles => (kernels.plan_tiles, "launching the tile-planning kernel"),
         };
         let mut params = *params;
         let mut argument: *mut c_void = (&mut params as *mut KernelParams).cast();

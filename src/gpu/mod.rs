@@ -17,7 +17,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `call.rs` | `forward_device`: validation, then the device's run |
+//! | `call.rs` | `forward_device` and `forward_device_seqlens`: validation, then the device's run |
 //! | `tensor.rs` | device buffers and the tensors laid over them |
 //! | `device.rs` | `Device`: either vendor's runtime behind one type; a problem's run |
 //! | `staging.rs` | `forward` on host arrays: copies in, run, copies out |
@@ -59,8 +59,8 @@ mod workspace;
 #[cfg(not(feature = "gpu"))]
 use stub as device;
 
-pub use call::forward_device;
-pub use device::Device;
+pub use call::{forward_device, forward_device_seqlens};
+pub use device::{Device, Graph};
 pub use tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
 
 pub(crate) use device::is_usable;

@@ -215,6 +215,7 @@ pub(crate) struct KernelParams {
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
     pub tile_start: u64,
+    pub status: u64,
     pub q_token_stride: i64,
     pub q_head_stride: i64,
     pub k_token_stride: i64,
@@ -227,6 +228,7 @@ pub(crate) struct KernelParams {
     pub heads: i32,
     pub group: i32,
     pub total_q: i32,
+    pub total_k: i32,
     pub head_dim: i32,
     pub head_dim_v: i32,
     pub window_left: i32,
@@ -240,8 +242,8 @@ pub(crate) struct KernelParams {
 }
 
 /// Room for cu_seqlens_q, cu_seqlens_k and tile_start in the parameter block: batches of up to
-/// 64 sequences launch with no copy to the device first (3 × 65 entries, which also leaves the
-/// struct without padding). Must match `VA_INLINE_METADATA`.
+/// 64 sequences launch with no copy to the device first (3 × 65 entries). Must match
+/// `VA_INLINE_METADATA`.
 pub(crate) const INLINE_METADATA: usize = 195;
 
 /// A `[tokens, heads, dims]` tensor on the device: its address and the element strides of the
@@ -270,15 +272,24 @@ pub(crate) struct Gpu {
     pub multiprocessors: usize,
 }
 
+/// Where the kernel finds its sequences.
+#[derive(Clone, Debug)]
+enum Schedule {
+    /// Planned on the host: `cu_seqlens_q`, `cu_seqlens_k` and `tile_start` (`tile_start[b]`:
+    /// the first query tile of sequence `b`), `batch + 1` entries each, one after another;
+    /// inline in the parameter block when they fit, else copied to the device.
+    Host(Vec<i32>),
+    /// `cu_seqlens_q` and `cu_seqlens_k` on the device (their addresses): `va_plan_tiles`
+    /// checks them and writes `tile_start` into the workspace; the grid is an upper bound.
+    Device { cu_seqlens_q: u64, cu_seqlens_k: u64 },
+}
+
 /// How one call runs: the variant, the grid, the key splits, and everything the parameter
 /// block is built from ([`Plan::params`], the one place that builds it).
 #[derive(Clone, Debug)]
 pub(crate) struct Plan {
     pub variant: Variant,
-    /// What the kernel reads to find its sequence, `batch + 1` entries each, one after another:
-    /// `cu_seqlens_q`, `cu_seqlens_k` and `tile_start` (`tile_start[b]`: the first query tile
-    /// of sequence `b`). Inline in the parameter block when it fits, else copied to the device.
-    metadata: Vec<i32>,
+    schedule: Schedule,
     pub tiles: usize,
     pub splits: usize,
     operands: Operands,
@@ -290,6 +301,7 @@ pub(crate) struct Plan {
     heads: usize,
     group: usize,
     total_q: usize,
+    total_k: usize,
     head_dim: usize,
     head_dim_v: usize,
     window_left: i32,
@@ -355,7 +367,7 @@ impl Plan {
         let window = |w: Option<usize>| w.map_or(-1, |w| w.min(widest) as i32);
         Plan {
             variant,
-            metadata,
+            schedule: Schedule::Host(metadata),
             tiles,
             splits,
             operands,
@@ -365,6 +377,7 @@ impl Plan {
             heads: problem.num_heads,
             group: problem.group_size(),
             total_q: problem.total_q,
+            total_k: key_tokens,
             head_dim: problem.head_dim,
             head_dim_v: problem.head_dim_v,
             window_left: window(problem.mask.left),
@@ -374,27 +387,62 @@ impl Plan {
         }
     }
 
+    /// Plans a call whose `cu_seqlens` (`batch + 1` entries each, at `cu_seqlens`) are on the
+    /// device and are neither read nor checked here: `problem` is the call as one sequence of
+    /// all the tokens (its shapes and parameters validated). The grid covers the most tiles the
+    /// token count allows, `total_q / BLOCK_M + batch`; the keys are not split.
+    pub fn with_device_seqlens(
+        problem: &Problem,
+        batch: usize,
+        cu_seqlens: [u64; 2],
+        f16: bool,
+        gpu: Gpu,
+        tuning: &Tuning,
+        operands: Operands,
+    ) -> Plan {
+        let mut plan = Plan::new(problem, f16, gpu, tuning, operands);
+        plan.schedule = Schedule::Device { cu_seqlens_q: cu_seqlens[0], cu_seqlens_k: cu_seqlens[1] };
+        plan.batch = batch;
+        plan.splits = 1;
+        plan.tiles = if problem.total_q == 0 { 0 } else { problem.total_q.div_ceil(plan.variant.block_m()) + batch };
+        plan
+    }
+
+    /// Whether `va_plan_tiles` must run first (cu_seqlens on the device).
+    pub fn plans_on_the_device(&self) -> bool {
+        matches!(self.schedule, Schedule::Device { .. })
+    }
+
     /// `tile_start[b]`: the first query tile of sequence `b`; `batch + 1` entries.
     #[cfg(test)]
     fn tile_start(&self) -> &[i32] {
-        &self.metadata[2 * (self.batch + 1)..]
+        match &self.schedule {
+            Schedule::Host(metadata) => &metadata[2 * (self.batch + 1)..],
+            Schedule::Device { .. } => &[],
+        }
     }
 
     /// Whether the metadata travels in the parameter block (batches of up to 64 sequences).
     fn metadata_inline(&self) -> bool {
-        self.metadata.len() <= INLINE_METADATA
+        matches!(&self.schedule, Schedule::Host(metadata) if metadata.len() <= INLINE_METADATA)
     }
 
     /// The metadata to copy to the device before the launch (`cu_seqlens_q`, `cu_seqlens_k`,
-    /// `tile_start`, one after another), or `None` when it travels in the parameter block.
+    /// `tile_start`, one after another), or `None` when it travels in the parameter block or
+    /// is on the device already.
     pub fn metadata_to_copy(&self) -> Option<&[i32]> {
-        (!self.metadata_inline()).then_some(&self.metadata)
+        match &self.schedule {
+            Schedule::Host(metadata) if metadata.len() > INLINE_METADATA => Some(metadata),
+            _ => None,
+        }
     }
 
-    /// Bytes of the key-split workspace (f32 partial outputs, then partial LSEs); 0 when the
-    /// keys are not split.
+    /// Bytes of the workspace: with cu_seqlens on the device, `tile_start`; with key splits,
+    /// the f32 partial outputs, then partial LSEs; else 0.
     pub fn workspace_bytes(&self) -> usize {
-        if self.splits > 1 {
+        if self.plans_on_the_device() {
+            4 * (self.batch + 1)
+        } else if self.splits > 1 {
             let (out, lse) = self.partial_lens();
             4 * (out + lse)
         } else {
@@ -403,18 +451,27 @@ impl Plan {
     }
 
     /// The kernel's parameter block, given the device addresses of the copied metadata (when
-    /// [`Plan::metadata_to_copy`] gave some) and of the workspace (when
-    /// [`Plan::workspace_bytes`] is not 0).
-    pub fn params(&self, metadata: Option<u64>, workspace: Option<u64>) -> KernelParams {
+    /// [`Plan::metadata_to_copy`] gave some), of the workspace (when [`Plan::workspace_bytes`]
+    /// is not 0) and, with cu_seqlens on the device, of the device's status flag.
+    pub fn params(&self, metadata: Option<u64>, workspace: Option<u64>, status: Option<u64>) -> KernelParams {
         let o = &self.operands;
-        let (partial_out, partial_lse) = match workspace {
-            Some(base) => (base, base + 4 * self.partial_lens().0 as u64),
-            None => (0, 0),
-        };
         let entries = self.batch as u64 + 1;
-        let (cu_seqlens_q, cu_seqlens_k, tile_start) = match metadata {
-            Some(base) => (base, base + 4 * entries, base + 8 * entries),
-            None => (0, 0, 0),
+        let ((partial_out, partial_lse), (cu_seqlens_q, cu_seqlens_k, tile_start), status) = match self.schedule {
+            Schedule::Device { cu_seqlens_q, cu_seqlens_k } => {
+                let tile_start = workspace.expect("the workspace holds tile_start");
+                ((0, 0), (cu_seqlens_q, cu_seqlens_k, tile_start), status.expect("a status flag"))
+            }
+            Schedule::Host(_) => {
+                let partial = match workspace {
+                    Some(base) => (base, base + 4 * self.partial_lens().0 as u64),
+                    None => (0, 0),
+                };
+                let metadata = match metadata {
+                    Some(base) => (base, base + 4 * entries, base + 8 * entries),
+                    None => (0, 0, 0),
+                };
+                (partial, metadata, 0)
+            }
         };
         let mut params = KernelParams {
             q: o.q.address,
@@ -427,6 +484,7 @@ impl Plan {
             cu_seqlens_q,
             cu_seqlens_k,
             tile_start,
+            status,
             q_token_stride: o.q.token_stride as i64,
             q_head_stride: o.q.head_stride as i64,
             k_token_stride: o.k.token_stride as i64,
@@ -439,6 +497,7 @@ impl Plan {
             heads: self.heads as i32,
             group: self.group as i32,
             total_q: self.total_q as i32,
+            total_k: self.total_k as i32,
             head_dim: self.head_dim as i32,
             head_dim_v: self.head_dim_v as i32,
             window_left: self.window_left,
@@ -450,8 +509,8 @@ impl Plan {
             inline_metadata: 0,
             metadata: [0; INLINE_METADATA],
         };
-        if self.metadata_inline() {
-            params.metadata[..self.metadata.len()].copy_from_slice(&self.metadata);
+        if let (true, Schedule::Host(metadata)) = (self.metadata_inline(), &self.schedule) {
+            params.metadata[..metadata.len()].copy_from_slice(metadata);
             params.inline_metadata = 1;
         }
         params
@@ -496,19 +555,20 @@ mod tests {
 
     #[test]
     fn params_match_the_kernel_struct_layout() {
-        // 10 pointers, 8 strides, 13 four-byte fields and the 195-entry array: no padding.
-        assert_eq!(core::mem::size_of::<KernelParams>(), 80 + 64 + 4 * (13 + INLINE_METADATA));
-        assert_eq!(core::mem::size_of::<KernelParams>() % 8, 0);
+        // 11 pointers, 8 strides, 14 four-byte fields and the 195-entry array, then 4 bytes of
+        // padding to the 8-byte alignment, as C++ lays out VaParams.
+        assert_eq!(core::mem::size_of::<KernelParams>(), 88 + 64 + 4 * (14 + INLINE_METADATA) + 4);
+        assert_eq!(core::mem::align_of::<KernelParams>(), 8);
     }
 
     #[test]
     fn windows_wider_than_every_distance_are_clamped() {
         let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
-        let plain = with(&Params::default()).params(None, None);
+        let plain = with(&Params::default()).params(None, None, None);
         assert_eq!((plain.window_left, plain.window_right), (-1, -1));
         // 100 queries + 100 keys: no distance reaches 200.
         let huge = with(&Params { window_left: Some(usize::MAX), window_right: Some(7), ..Params::default() })
-            .params(None, None);
+            .params(None, None, None);
         assert_eq!((huge.window_left, huge.window_right), (200, 7));
     }
 
@@ -574,7 +634,7 @@ mod tests {
             Problem::new([130, 1, 72], [130, 1, 72], [130, 1, 72], &cu_small, &cu_small, &Params::default()).unwrap();
         let plan = plan_on(Target::Mma, &problem);
         assert_eq!(plan.metadata_to_copy(), None);
-        let params = plan.params(None, None);
+        let params = plan.params(None, None, None);
         assert_eq!(params.inline_metadata, 1);
         assert_eq!(params.metadata[..12], [0, 64, 64, 130, 0, 64, 64, 130, 0, 1, 1, 2]);
 
@@ -585,7 +645,7 @@ mod tests {
         let plan = plan_on(Target::Mma, &problem);
         let copied = plan.metadata_to_copy().expect("too large to inline");
         assert_eq!((&copied[..101], &copied[101..202], &copied[202..]), (&cu_q[..], &cu_k[..], &cu_q[..]));
-        let params = plan.params(Some(4096), None);
+        let params = plan.params(Some(4096), None, None);
         assert_eq!(params.inline_metadata, 0);
         assert_eq!((params.cu_seqlens_q, params.cu_seqlens_k, params.tile_start), (4096, 4096 + 404, 4096 + 808));
         assert_eq!((params.partial_out, params.partial_lse), (0, 0));
@@ -618,7 +678,7 @@ mod tests {
         };
         let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
         let plan = Plan::new(&problem, false, gpu, &Tuning::default(), operands);
-        let p = plan.params(None, None);
+        let p = plan.params(None, None, None);
         assert_eq!((p.q, p.k, p.v, p.out, p.lse), (1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20));
         assert_eq!((p.q_token_stride, p.k_token_stride, p.v_token_stride, p.out_token_stride), (288, 152, 128, 256));
         assert_eq!((p.q_head_stride, p.k_head_stride, p.v_head_stride, p.out_head_stride), (72, 72, 64, 64));
@@ -649,6 +709,32 @@ mod tests {
         assert_eq!((long.splits, unsplit.splits), (8, 1));
     }
 
+    #[test]
+    fn device_seqlens_plan_an_upper_bound_of_tiles_and_point_at_the_device() {
+        // 7 sequences of 2,861 tokens in all, cu_seqlens on the device at 0x1000 and 0x2000.
+        let cu = [0, 2861];
+        let shape = [2861, 16, 72];
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+        let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
+        let plan = Plan::with_device_seqlens(
+            &problem,
+            7,
+            [0x1000, 0x2000],
+            false,
+            gpu,
+            &Tuning::default(),
+            Operands::default(),
+        );
+        assert!(plan.plans_on_the_device() && plan.metadata_to_copy().is_none());
+        assert_eq!((plan.splits, plan.tiles), (1, 2861usize.div_ceil(plan.variant.block_m()) + 7));
+        assert_eq!(plan.workspace_bytes(), 4 * 8);
+        let p = plan.params(None, Some(0x3000), Some(0x4000));
+        assert_eq!((p.cu_seqlens_q, p.cu_seqlens_k, p.tile_start, p.status), (0x1000, 0x2000, 0x3000, 0x4000));
+        assert_eq!((p.batch, p.total_q, p.total_k, p.inline_metadata), (7, 2861, 2861, 0));
+        // Calls planned on the host leave the flag null: the kernel's device-schedule test.
+        assert_eq!(plan_on(Target::Wgmma, &problem).params(None, None, None).status, 0);
+    }
+
     /// `problem` planned for 132 multiprocessors (an H200) with the default tuning.
     fn plan_on(target: Target, problem: &Problem) -> Plan {
         Plan::new(problem, false, Gpu { target, multiprocessors: 132 }, &Tuning::default(), Operands::default())
@@ -660,7 +746,7 @@ mod tests {
         let rows = plan.splits * 4096;
         assert!(plan.splits > 1);
         assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
-        let params = plan.params(None, Some(1 << 20));
+        let params = plan.params(None, Some(1 << 20), None);
         assert_eq!((params.partial_out, params.partial_lse), (1 << 20, (1 << 20) + 4 * rows as u64 * 80));
         assert_eq!(params.cu_seqlens_q, 0);
         assert_eq!(plan_one(Target::Mma, 16384, 16).workspace_bytes(), 0);

@@ -15,6 +15,8 @@ pub(crate) enum Entry {
     Attention,
     /// `va_attention_merge`: combines the key splits, one thread per output element.
     Merge,
+    /// `va_plan_tiles`: checks cu_seqlens on the device and writes `tile_start`, one block.
+    PlanTiles,
 }
 
 impl Entry {
@@ -23,6 +25,7 @@ impl Entry {
         match self {
             Entry::Attention => "va_attention_forward",
             Entry::Merge => "va_attention_merge",
+            Entry::PlanTiles => "va_plan_tiles",
         }
     }
 }
@@ -52,6 +55,8 @@ pub(crate) trait Runtime {
     fn upload(&self, bytes: &[u8]) -> Result<Self::Buffer, Error>;
     /// The first `bytes.len()` bytes of `buffer`, after the queued work.
     fn download(&self, buffer: &Self::Buffer, bytes: &mut [u8]) -> Result<(), Error>;
+    /// Overwrites the first `bytes.len()` bytes of `buffer`, in stream order.
+    fn write(&self, buffer: &mut Self::Buffer, bytes: &[u8]) -> Result<(), Error>;
     fn address(&self, buffer: &Self::Buffer) -> u64;
     fn synchronize(&self) -> Result<(), Error>;
     /// GPU milliseconds of the work `work` queues (device events).
@@ -59,8 +64,10 @@ pub(crate) trait Runtime {
 
     /// The kernels of `variant`, compiled on first use.
     fn kernels(&self, variant: Variant) -> Result<Arc<Self::Kernels>, Error>;
-    /// The key-split workspace, kept between calls.
+    /// The workspace (key splits' partial results, or `tile_start`), kept between calls.
     fn workspace(&self) -> &Workspace<Self::Buffer>;
+    /// The flag that `va_plan_tiles` raises for cu_seqlens on the device that break a rule.
+    fn status(&self) -> &StatusFlag<Self::Buffer>;
     /// Hopper's tensor maps of K and V, or `None` where the runtime has none (the kernel then
     /// copies by cp.async).
     fn tensor_maps(&self, _shapes: [TensorMapShape; 2], _f16: bool) -> Option<[TensorMap; 2]> {
@@ -95,10 +102,20 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
     }
     let kernels = runtime.kernels(plan.variant)?;
     let metadata = plan.metadata_to_copy().map(|m| runtime.upload(bytemuck::cast_slice(m))).transpose()?;
+    let status = if plan.plans_on_the_device() { Some(status_address(runtime)?) } else { None };
     let workspace = runtime.workspace().at_least(plan.workspace_bytes(), |bytes| runtime.alloc(bytes))?;
-    let params =
-        plan.params(metadata.as_ref().map(|m| runtime.address(m)), workspace.buffer().map(|w| runtime.address(w)));
+    let params = plan.params(
+        metadata.as_ref().map(|m| runtime.address(m)),
+        workspace.buffer().map(|w| runtime.address(w)),
+        status,
+    );
     let variant = plan.variant;
+    if plan.plans_on_the_device() {
+        let dims = Dims { grid: (1, 1, 1), threads: PLAN_THREADS, shared_bytes: 0 };
+        // SAFETY: the caller's guarantee for the cu_seqlens buffers (batch + 1 entries each);
+        // tile_start is the workspace, sized for batch + 1 entries; the flag is the device's.
+        unsafe { runtime.launch(&kernels, Entry::PlanTiles, dims, &params, None)? };
+    }
     let encoded = (variant.target == Target::Wgmma).then(|| runtime.tensor_maps(plan.key_value_shapes(), variant.f16));
     let maps = encoded.map(|maps| match maps {
         Some(maps) => (maps, 1),
@@ -117,6 +134,48 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
     }
     drop(metadata);
     Ok(())
+}
+
+/// Threads of `va_plan_tiles`' one block (`VA_PLAN_THREADS`).
+const PLAN_THREADS: u32 = 1024;
+
+/// A device's flag for cu_seqlens on the device that break a rule: four zero bytes allocated
+/// on first use, raised by `va_plan_tiles`, read and lowered by [`take_status`].
+pub(crate) struct StatusFlag<B> {
+    slot: Mutex<Option<B>>,
+}
+
+impl<B> StatusFlag<B> {
+    pub fn new() -> Self {
+        StatusFlag { slot: Mutex::new(None) }
+    }
+}
+
+fn poisoned() -> Error {
+    Error::Gpu("the status flag's lock was poisoned by a panic".into())
+}
+
+/// The device address of `runtime`'s status flag (allocated, lowered, on first use).
+fn status_address<R: Runtime>(runtime: &R) -> Result<u64, Error> {
+    let mut slot = runtime.status().slot.lock().map_err(|_| poisoned())?;
+    if slot.is_none() {
+        *slot = Some(runtime.upload(&[0u8; 4])?);
+    }
+    Ok(runtime.address(slot.as_ref().expect("set above")))
+}
+
+/// Whether the status flag was raised since the last look (waiting for the queued work), and
+/// lowers it.
+pub(crate) fn take_status<R: Runtime>(runtime: &R) -> Result<bool, Error> {
+    let mut slot = runtime.status().slot.lock().map_err(|_| poisoned())?;
+    let Some(flag) = slot.as_mut() else { return Ok(false) };
+    let mut bytes = [0u8; 4];
+    runtime.download(flag, &mut bytes)?;
+    let raised = bytes != [0; 4];
+    if raised {
+        runtime.write(flag, &[0u8; 4])?;
+    }
+    Ok(raised)
 }
 
 /// Compiled kernels by variant, shared by a device's calls.

@@ -73,6 +73,42 @@ impl Device {
         match self.never {}
     }
 
+    /// Waits for the queued work and reports refused device cu_seqlens.
+    ///
+    /// # Errors
+    /// Never returns: no `Device` exists without the `gpu` feature.
+    pub fn check_seqlens(&self) -> Result<(), Error> {
+        match self.never {}
+    }
+    /// Overwrites the start of `buffer` with `host`.
+    ///
+    /// # Errors
+    /// Never returns: no `Device` exists without the `gpu` feature.
+    pub fn write<T: bytemuck::Pod>(&self, _buffer: &mut DeviceBuffer<T>, _host: &[T]) -> Result<(), Error> {
+        match self.never {}
+    }
+    /// Captures the work `work` queues into a [`Graph`].
+    ///
+    /// # Errors
+    /// Never returns: no `Device` exists without the `gpu` feature.
+    pub fn capture(&self, _work: &mut dyn FnMut() -> Result<(), Error>) -> Result<Graph, Error> {
+        match self.never {}
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn run_with_device_seqlens<T: Element>(
+        &self,
+        _problem: &Problem,
+        _cu_seqlens: [&DeviceBuffer<i32>; 2],
+        _q: &DeviceTensor<T>,
+        _k: &DeviceTensor<T>,
+        _v: &DeviceTensor<T>,
+        _out: DeviceTensorMut<T>,
+        _lse: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<(), Error> {
+        match self.never {}
+    }
+
     pub(super) fn run<T: Element>(
         &self,
         _problem: &Problem,
@@ -82,6 +118,21 @@ impl Device {
         _out: DeviceTensorMut<T>,
         _lse: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<(), Error> {
+        match self.never {}
+    }
+}
+
+/// Work captured on a device's stream (none in this build).
+pub struct Graph {
+    never: Infallible,
+}
+
+impl Graph {
+    /// Queues the captured work again.
+    ///
+    /// # Errors
+    /// Never returns: no `Graph` exists without the `gpu` feature.
+    pub fn replay(&self) -> Result<(), Error> {
         match self.never {}
     }
 }

@@ -52,6 +52,10 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
     va_attention_forward(VA_GRID_CONSTANT const VaParams p VA_TMA_PARAMETERS) {
     extern __shared__ __align__(128) va_u16 smem[];
 
+    // With cu_seqlens on the device the grid is an upper bound: blocks past the last tile (all
+    // of them when the cu_seqlens were refused) have nothing to do.
+    if (p.status != nullptr && (int)blockIdx.x >= p.tile_start[p.batch]) return;
+
     const VaTile tile = va_schedule_tile(p, blockIdx.x, blockIdx.y, blockIdx.z);
 
 #if defined(VA_AMD)

@@ -71,12 +71,15 @@ struct VaParams {
     float* partial_lse;      // [splits][heads][total_q] with splits > 1
     const int* cu_seqlens_q;
     const int* cu_seqlens_k;
-    const int* tile_start;   // [batch + 1]: first query tile of each sequence
+    int* tile_start;         // [batch + 1]: first query tile of each sequence
+    // Calls whose cu_seqlens are on the device: the flag `va_plan_tiles` raises (and never
+    // lowers) for cu_seqlens that break a rule; null for calls planned on the host.
+    int* status;
     va_i64 q_token_stride, q_head_stride;
     va_i64 k_token_stride, k_head_stride;
     va_i64 v_token_stride, v_head_stride;
     va_i64 out_token_stride, out_head_stride;
-    int batch, heads, group, total_q;
+    int batch, heads, group, total_q, total_k;
     int head_dim, head_dim_v;
     int window_left, window_right; // -1: unbounded
     int splits;

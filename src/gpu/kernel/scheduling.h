@@ -4,6 +4,49 @@
 
 #pragma once
 
+// Calls whose cu_seqlens are on the device: one block turns them into `tile_start` (each
+// sequence's first query tile, prefix sums of its tile counts) before the attention kernel
+// runs, and checks them: cu_seqlens_q and cu_seqlens_k start at 0, never decrease, and end at
+// the token counts of q and k. Cu_seqlens that break a rule raise `*p.status` and leave
+// `tile_start[batch] = 0`, so that every attention block returns before reading anything.
+// The grid was sized for the most tiles the token count allows (tokens / BLOCK_M + batch).
+#define VA_PLAN_THREADS 1024
+extern "C" __global__ void __launch_bounds__(VA_PLAN_THREADS) va_plan_tiles(VA_GRID_CONSTANT const VaParams p) {
+    __shared__ int sums[VA_PLAN_THREADS];
+    __shared__ int broken;
+    const int t = threadIdx.x, n = p.batch;
+    const int per = (n + VA_PLAN_THREADS - 1) / VA_PLAN_THREADS;
+    const int lo = min(n, t * per), hi = min(n, lo + per);
+    if (t == 0) broken = p.cu_seqlens_q[0] != 0 || p.cu_seqlens_k[0] != 0 || p.cu_seqlens_q[n] != p.total_q ||
+                         p.cu_seqlens_k[n] != p.total_k;
+    __syncthreads();
+    int tiles = 0;
+    bool bad = false;
+    for (int b = lo; b < hi; ++b) {
+        const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b], lk = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+        bad |= lq < 0 || lk < 0;
+        tiles += lq > 0 ? (lq + VA_BLOCK_M - 1) / VA_BLOCK_M : 0;
+    }
+    if (bad) broken = 1;
+    sums[t] = tiles;
+    __syncthreads();
+    // Inclusive scan of the threads' tile counts (Hillis-Steele).
+    for (int offset = 1; offset < VA_PLAN_THREADS; offset <<= 1) {
+        const int add = t >= offset ? sums[t - offset] : 0;
+        __syncthreads();
+        sums[t] += add;
+        __syncthreads();
+    }
+    int start = sums[t] - tiles;
+    for (int b = lo; b < hi; ++b) {
+        p.tile_start[b] = start;
+        const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+        start += lq > 0 ? (lq + VA_BLOCK_M - 1) / VA_BLOCK_M : 0;
+    }
+    if (t == VA_PLAN_THREADS - 1) p.tile_start[n] = broken ? 0 : sums[t];
+    if (t == 0 && broken) *p.status = 1;
+}
+
 // The tile of block (tile_index, head, split).
 VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int tile_index, int head, int split) {
     // Which sequence and query tile: the last sequence whose first tile is <= this one (empty
