@@ -8,11 +8,14 @@
 //! sampled rows.
 //!
 //! `../shared/tools/gpu-bundle bench --bench gpu`, then on the GPU machine
-//! `bash .gpu-bin/run-all.sh [shapes, e.g. 0-20]`. Prints a markdown table.
+//! `bash .gpu-bin/run-all.sh [shapes, e.g. 0-20]`. Prints a markdown table. With `--batches`,
+//! realistic vision batches instead (many images of different sizes in one call; GQA; head
+//! dims 80 and 64), timed with cu_seqlens from the host and on the device
+//! (`benches/torch_gpu_batches.py` times FA2 varlen on the same batches).
 
 use half::bf16;
 use std::time::Instant;
-use varlen_attn::gpu::{forward_device, Device, DeviceTensor, DeviceTensorMut};
+use varlen_attn::gpu::{forward_device, forward_device_seqlens, Device, DeviceTensor, DeviceTensorMut};
 use varlen_attn::{internal::workloads::SEED_SHAPES, oracle, Backend, Params};
 
 fn selection() -> Vec<usize> {
@@ -40,6 +43,10 @@ fn main() {
         }
     };
     println!("{}\n", device.name());
+    if std::env::args().any(|a| a == "--batches") {
+        batches(&device);
+        return;
+    }
     println!("| # | H | D | L | call ms | back-to-back ms | TFLOP/s | % of limit | host call ms | max error |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for index in selection() {
@@ -115,6 +122,114 @@ fn main() {
             shape.flops() / batch_ms.min(kernel_ms) / 1e9,
             100.0 * limit_ms / batch_ms.min(kernel_ms),
             host_ms,
+            report.max_abs_error,
+            if report.worst.is_some() { " OUT OF TOLERANCE" } else { "" }
+        );
+    }
+}
+
+/// The batches of issue 17 (and `benches/torch_gpu_batches.py`): label, query heads, kv heads,
+/// head_dim, sequence lengths.
+fn batch_cases() -> Vec<(&'static str, usize, usize, usize, Vec<usize>)> {
+    let mixed = vec![720, 1200, 276, 3844, 64, 1, 2116, 1012, 600];
+    vec![
+        ("64 images x 256", 16, 16, 72, vec![256; 64]),
+        ("16 images x 1024", 16, 16, 72, vec![1024; 16]),
+        ("mixed 9 images", 16, 16, 72, mixed.clone()),
+        ("GQA 32/8 x 128", 32, 8, 128, vec![16742, 500, 3000, 1]),
+        ("mixed, head_dim 80", 16, 16, 80, mixed.clone()),
+        ("mixed, head_dim 64", 16, 16, 64, mixed),
+    ]
+}
+
+/// Back-to-back kernel time of each batch: cu_seqlens from the host and on the device.
+fn batches(device: &Device) {
+    println!("| batch | Hq/Hkv | D | tokens | host cu_seqlens ms | device cu_seqlens ms | TFLOP/s | max error |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (label, heads, kv_heads, dim, lengths) in batch_cases() {
+        let tokens: usize = lengths.iter().sum();
+        let cu: Vec<i32> = std::iter::once(0)
+            .chain(lengths.iter().scan(0i32, |s, &l| {
+                *s += l as i32;
+                Some(*s)
+            }))
+            .collect();
+        let mut state = 0x2545_F491_4F6C_DD1Du64 ^ tokens as u64;
+        let mut random = |n: usize| -> Vec<bf16> {
+            (0..n)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    bf16::from_f32((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+                })
+                .collect()
+        };
+        let (q, k, v) =
+            (random(tokens * heads * dim), random(tokens * kv_heads * dim), random(tokens * kv_heads * dim));
+        let (qd, kd, vd) = (device.upload(&q).unwrap(), device.upload(&k).unwrap(), device.upload(&v).unwrap());
+        let cu_device = device.upload(&cu).unwrap();
+        let mut out = device.zeros::<bf16>(q.len()).unwrap();
+        let (qs, ks) = ([tokens, heads, dim], [tokens, kv_heads, dim]);
+        let params = Params::default();
+        let mut host = || {
+            forward_device(
+                device,
+                DeviceTensor::new(&qd, qs)?,
+                DeviceTensor::new(&kd, ks)?,
+                DeviceTensor::new(&vd, ks)?,
+                &cu,
+                &cu,
+                &params,
+                DeviceTensorMut::new(&mut out, qs)?,
+                None,
+            )
+        };
+        let flops = 4.0 * lengths.iter().map(|&l| (l * l) as f64).sum::<f64>() * (heads * dim) as f64;
+        let repeats = if flops > 1e12 { 10 } else { 100 };
+        let back_to_back = |run: &mut dyn FnMut() -> Result<(), varlen_attn::Error>| {
+            for _ in 0..3 {
+                run().unwrap();
+            }
+            device
+                .time_ms(&mut || {
+                    for _ in 0..repeats {
+                        run()?;
+                    }
+                    Ok(())
+                })
+                .unwrap() as f64
+                / repeats as f64
+        };
+        let host_ms = back_to_back(&mut host);
+        let mut on_device = || {
+            forward_device_seqlens(
+                device,
+                DeviceTensor::new(&qd, qs)?,
+                DeviceTensor::new(&kd, ks)?,
+                DeviceTensor::new(&vd, ks)?,
+                &cu_device,
+                &cu_device,
+                &params,
+                DeviceTensorMut::new(&mut out, qs)?,
+                None,
+            )
+        };
+        let device_ms = back_to_back(&mut on_device);
+        device.check_seqlens().unwrap();
+        let got = ndarray::Array3::from_shape_vec((tokens, heads, dim), device.download(&out).unwrap()).unwrap();
+        fn view(x: &[bf16], shape: (usize, usize, usize)) -> ndarray::ArrayView3<'_, bf16> {
+            ndarray::ArrayView3::from_shape(shape, x).unwrap()
+        }
+        let (q_shape, kv_shape) = ((tokens, heads, dim), (tokens, kv_heads, dim));
+        let rows: Vec<usize> = (0..tokens).step_by(tokens.div_ceil(16).max(1)).collect();
+        let reference =
+            oracle::reference_rows(view(&q, q_shape), view(&k, kv_shape), view(&v, kv_shape), &cu, &cu, &params, &rows)
+                .unwrap();
+        let report = reference.compare(got.view());
+        println!(
+            "| {label} | {heads}/{kv_heads} | {dim} | {tokens} | {host_ms:.4} | {device_ms:.4} | {:.1} | {:.1e}{} |",
+            flops / host_ms.min(device_ms) / 1e9,
             report.max_abs_error,
             if report.worst.is_some() { " OUT OF TOLERANCE" } else { "" }
         );
