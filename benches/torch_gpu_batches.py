@@ -8,9 +8,14 @@ two CUDA events, as that bench does, on the same GPU in the same run.
 Prints one JSON object per batch. Needs PyTorch with CUDA (the H200 machine has 2.11).
 """
 import json
+import os
+import sys
 import warnings
 
 import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from torch_gpu import back_to_back_ms  # noqa: E402
 
 MIXED = [720, 1200, 276, 3844, 64, 1, 2116, 1012, 600]
 BATCHES = [
@@ -21,19 +26,6 @@ BATCHES = [
     ("mixed, head_dim 80", 16, 16, 80, MIXED),
     ("mixed, head_dim 64", 16, 16, 64, MIXED),
 ]
-
-
-def back_to_back_ms(fn, repeats):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
 
 
 def main():

@@ -62,8 +62,7 @@ pub fn flash_attn_varlen(
 ) -> Result<Tensor> {
     let _ = (max_seqlen_q, max_seqlen_k);
     let params = Params { softmax_scale: Some(softmax_scale), causal, ..cpu() };
-    run(q, k, v, cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?, &params, false)
-        .map(|(out, _)| out)
+    with_cumulative(q, k, v, seqlens_q, seqlens_k, &params, false).map(|(out, _)| out)
 }
 
 /// `candle_flash_attn::flash_attn_varlen_windowed`: [`flash_attn_varlen`] with a sliding
@@ -101,8 +100,7 @@ pub fn flash_attn_varlen_windowed(
         window_right: window_size_right,
         ..cpu()
     };
-    run(q, k, v, cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?, &params, false)
-        .map(|(out, _)| out)
+    with_cumulative(q, k, v, seqlens_q, seqlens_k, &params, false).map(|(out, _)| out)
 }
 
 /// `candle_flash_attn::flash_attn_varlen_alibi_windowed_softcap`: [`flash_attn_varlen_windowed`]
@@ -145,8 +143,7 @@ pub fn flash_attn_varlen_alibi_windowed_softcap(
         softcap: Some(softcap),
         ..cpu()
     };
-    run(q, k, v, cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?, &params, false)
-        .map(|(out, _)| out)
+    with_cumulative(q, k, v, seqlens_q, seqlens_k, &params, false).map(|(out, _)| out)
 }
 
 /// [`flash_attn_varlen`] that also returns the log-sum-exp of each row, `[num_heads, total_q]`
@@ -177,8 +174,7 @@ pub fn flash_attn_varlen_with_lse(
 ) -> Result<(Tensor, Tensor)> {
     let _ = (max_seqlen_q, max_seqlen_k);
     let params = Params { softmax_scale: Some(softmax_scale), causal, ..cpu() };
-    let (out, lse) =
-        run(q, k, v, cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?, &params, true)?;
+    let (out, lse) = with_cumulative(q, k, v, seqlens_q, seqlens_k, &params, true)?;
     Ok((out, lse.expect("asked for")))
 }
 
@@ -286,6 +282,19 @@ fn prefix_sums(lengths: &[i32]) -> Result<Vec<i32>> {
         );
     }
     Ok(sums)
+}
+
+/// [`run`] with cumulative seqlens tensors (candle-flash-attn's convention).
+fn with_cumulative(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    params: &Params,
+    with_lse: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    run(q, k, v, cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?, params, with_lse)
 }
 
 /// Runs the call on CPU tensors of one dtype.
