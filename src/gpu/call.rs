@@ -51,13 +51,7 @@ pub fn forward_device<T: Element>(
     lse: Option<&mut DeviceBuffer<f32>>,
 ) -> Result<(), Error> {
     let problem = Problem::new(q.shape, k.shape, v.shape, cu_seqlens_q, cu_seqlens_k, params)?;
-    problem.check_output("out", &out.shape)?;
-    if let Some(lse) = &lse {
-        let needed = problem.num_heads * problem.total_q;
-        if lse.len() < needed {
-            return Err(Error::BufferTooSmall { arg: "lse", needed, len: lse.len() });
-        }
-    }
+    check_outputs(&problem, &out, lse.as_deref())?;
     device.run(&problem, &q, &k, &v, out, lse)
 }
 
@@ -118,12 +112,17 @@ pub fn forward_device_seqlens<T: Element>(
     let whole_q = [0, tokens(q.shape[0])?];
     let whole_k = [0, tokens(k.shape[0])?];
     let problem = Problem::new(q.shape, k.shape, v.shape, &whole_q, &whole_k, params)?;
-    problem.check_output("out", &out.shape)?;
-    if let Some(lse) = &lse {
-        let needed = problem.num_heads * problem.total_q;
-        if lse.len() < needed {
-            return Err(Error::BufferTooSmall { arg: "lse", needed, len: lse.len() });
-        }
-    }
+    check_outputs(&problem, &out, lse.as_deref())?;
     device.run_with_device_seqlens(&problem, [cu_seqlens_q, cu_seqlens_k], &q, &k, &v, out, lse)
+}
+
+/// Checks that `out` has the problem's output shape and that `lse`, if given, holds
+/// `num_heads · total_q` values.
+fn check_outputs<T>(problem: &Problem, out: &DeviceTensorMut<T>, lse: Option<&DeviceBuffer<f32>>) -> Result<(), Error> {
+    problem.check_output("out", &out.shape)?;
+    let needed = problem.num_heads * problem.total_q;
+    match lse {
+        Some(lse) if lse.len() < needed => Err(Error::BufferTooSmall { arg: "lse", needed, len: lse.len() }),
+        _ => Ok(()),
+    }
 }

@@ -293,10 +293,9 @@ pub(crate) struct Plan {
     pub tiles: usize,
     pub splits: usize,
     operands: Operands,
-    /// Rows of K and V (what their tensor maps describe on Hopper).
-    key_tokens: usize,
+    /// The problem's scalars, as the kernel reads them (`total_k` and `kv_heads`: K's and V's
+    /// rows and heads, also what their tensor maps describe on Hopper).
     kv_heads: usize,
-    /// The problem's scalars, as the kernel reads them.
     batch: usize,
     heads: usize,
     group: usize,
@@ -371,7 +370,6 @@ impl Plan {
             tiles,
             splits,
             operands,
-            key_tokens,
             kv_heads: problem.num_kv_heads,
             batch: problem.batch(),
             heads: problem.num_heads,
@@ -531,7 +529,7 @@ impl Plan {
     pub fn key_value_shapes(&self) -> [TensorMapShape; 2] {
         let shape = |o: &Operand, dims: usize| TensorMapShape {
             address: o.address,
-            tokens: self.key_tokens,
+            tokens: self.total_k,
             heads: self.kv_heads,
             dims,
             token_stride: o.token_stride,
