@@ -11,22 +11,15 @@ use varlen_attn::candle::{
 };
 use varlen_attn::{Backend, Element, Params};
 
-/// Deterministic values in [-2, 2).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-        })
-        .collect()
-}
+mod common;
+
+use common::{extreme::uniform, Rng};
 
 /// The same data as an ndarray (for `forward`) and a candle tensor.
 fn pair<T: Element + candle_core::WithDType>(shape: (usize, usize, usize), seed: u64) -> (Array3<T>, Tensor) {
-    let data: Vec<T> = values(shape.0 * shape.1 * shape.2, seed).into_iter().map(T::from_f32).collect();
-    let tensor = Tensor::from_vec(data.clone(), shape, &Device::Cpu).unwrap();
-    (Array3::from_shape_vec(shape, data).unwrap(), tensor)
+    let array = uniform::<T>(&mut Rng::new(seed), shape, 4.0);
+    let tensor = Tensor::from_vec(array.iter().copied().collect::<Vec<T>>(), shape, &Device::Cpu).unwrap();
+    (array, tensor)
 }
 
 fn cpu(params: Params) -> Params {
@@ -119,17 +112,12 @@ fn equals_forward_bit_for_bit_in_f32() {
 fn strided_tensors_are_read_in_place() {
     // q, k and v as views into one packed [tokens, 3, heads, dim] tensor, and a transposed one.
     let (tokens, heads, dim) = (90, 4, 64);
-    let qkv_data: Vec<bf16> = values(tokens * 3 * heads * dim, 9).into_iter().map(bf16::from_f32).collect();
-    let qkv = Tensor::from_vec(qkv_data, (tokens, 3, heads, dim), &Device::Cpu).unwrap();
+    let (_, qkv) = pair::<bf16>((tokens, 3 * heads, dim), 9);
+    let qkv = qkv.reshape((tokens, 3, heads, dim)).unwrap();
     let part = |i| qkv.narrow(1, i, 1).unwrap().squeeze(1).unwrap();
     let (q, k) = (part(0), part(1));
     // v stored [heads, tokens, dim], seen as [tokens, heads, dim].
-    let v_heads_first = Tensor::from_vec(
-        values(heads * tokens * dim, 10).into_iter().map(bf16::from_f32).collect::<Vec<_>>(),
-        (heads, tokens, dim),
-        &Device::Cpu,
-    )
-    .unwrap();
+    let (_, v_heads_first) = pair::<bf16>((heads, tokens, dim), 10);
     let v = v_heads_first.transpose(0, 1).unwrap();
     assert!(!q.is_contiguous() && !v.is_contiguous());
     let cu = u32s(&[0, 30, 90]);
