@@ -189,8 +189,11 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
     fn v_len(dv: usize) -> usize {
         KEY_BLOCK / 2 * round_up(dv, 16)
     }
-    fn o_stride(dv: usize) -> usize {
-        round_up(dv, 16)
+    fn o_len(dv: usize) -> usize {
+        QUERY_BLOCK * round_up(dv, 16)
+    }
+    fn o_index(dv: usize, r: usize, j: usize) -> usize {
+        r * round_up(dv, 16) + j
     }
     fn p_len() -> usize {
         QUERY_BLOCK * KEY_BLOCK / 2

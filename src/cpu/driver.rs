@@ -55,7 +55,7 @@ pub(crate) fn workspace_lines<T: Element, K: TileKernel<T>>(d: usize, dv: usize)
     lines(K::QUERY_BLOCK * K::q_stride(d) * packed)
         + lines(K::p_len() * packed)
         + lines(K::QUERY_BLOCK * K::KEY_BLOCK * f32s)
-        + lines(K::QUERY_BLOCK * K::o_stride(dv) * f32s)
+        + lines(K::o_len(dv) * f32s)
         + 3 * lines(K::QUERY_BLOCK * f32s)
 }
 
@@ -82,11 +82,12 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
     let q = workspace.take::<K::Packed>(K::QUERY_BLOCK * K::q_stride(d));
     let p = workspace.take::<K::Packed>(K::p_len());
     let scores = workspace.take::<f32>(K::QUERY_BLOCK * K::KEY_BLOCK);
-    let o_stride = K::o_stride(dv);
-    let o = workspace.take::<f32>(K::QUERY_BLOCK * o_stride);
-    let max = &mut workspace.take::<f32>(K::QUERY_BLOCK)[..rows];
-    let sum = &mut workspace.take::<f32>(K::QUERY_BLOCK)[..rows];
-    let alpha = &mut workspace.take::<f32>(K::QUERY_BLOCK)[..rows];
+    let o = workspace.take::<f32>(K::o_len(dv));
+    // The row state of the whole block: kernels that work on whole vectors of rows may use
+    // the rows past `rows`.
+    let max = workspace.take::<f32>(K::QUERY_BLOCK);
+    let sum = workspace.take::<f32>(K::QUERY_BLOCK);
+    let alpha = workspace.take::<f32>(K::QUERY_BLOCK);
     max.fill(f32::NEG_INFINITY);
     sum.fill(0.0);
     o.fill(0.0);
@@ -121,14 +122,14 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
         } else {
             // 0 · inf is NaN: a non-finite value must reach only the rows that see its key, so
             // this block skips the keys each row does not see. Rare, so plain scalar code.
-            for r in 0..rows {
-                let o_row = &mut o[r * o_stride..r * o_stride + dv];
-                o_row.iter_mut().for_each(|x| *x *= alpha[r]);
+            for (r, &a) in alpha[..rows].iter().enumerate() {
+                let at = |c: usize| K::o_index(dv, r, c);
+                (0..dv).for_each(|c| o[at(c)] *= a);
                 for j in visible(r).unwrap_or(0..block.len()) {
                     let weight = kernel.probability(scores, p, r, j);
                     let value = io.v.row(seq.k_start + block.start + j, kv_head);
-                    for (x, &vv) in o_row.iter_mut().zip(value.iter()) {
-                        *x += weight * vv.to_f32();
+                    for (c, &vv) in value.iter().enumerate() {
+                        o[at(c)] += weight * vv.to_f32();
                     }
                 }
             }
@@ -138,11 +139,11 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
     for r in 0..rows {
         let token = q_tokens.start + r;
         let (m, l) = (max[r], sum[r]);
-        let o_row = &o[r * o_stride..r * o_stride + dv];
         // A row that saw no key (or only scores of -inf) has l == 0: output 0, LSE -inf.
         let seen = l != 0.0;
+        let value = |j: usize| if seen { o[K::o_index(dv, r, j)] / l } else { 0.0 };
         // SAFETY: the caller guarantees this item's rows are ours alone.
-        unsafe { io.out.write_row(token, item.head, |j| T::from_f32(if seen { o_row[j] / l } else { 0.0 })) };
+        unsafe { io.out.write_row(token, item.head, |j| T::from_f32(value(j))) };
         if let Some(lse) = &io.lse {
             let value = if seen { m * core::f32::consts::LN_2 + l.ln() } else { f32::NEG_INFINITY };
             // SAFETY: as above.

@@ -2,16 +2,22 @@
 //! AVX2+FMA, NEON, scalar). Serves f16 and f32 input everywhere, and bf16 where the CPU has no
 //! bf16 dot product. Inputs are widened to f32 exactly when packed.
 //!
-//! Both products run on one register-blocked microkernel shape (as `gemm` and
-//! `matrixmultiply` do): `MR` rows × [`NR`] vectors of accumulators, `NR` vector loads and `MR`
-//! broadcasts per `MR × NR` fused multiply-adds, no bounds checks inside the loop. `MR` is 6
-//! where the instruction set has 16 registers (AVX2, scalar: 12 accumulators, 2 operands and a
-//! broadcast, 15 registers; 4 × 3 needs all 16 and LLVM then spills and shuffles them) and 12
-//! where it has 32 (AVX-512, NEON: 24 accumulators).
+//! Query rows run across the vector lanes, everywhere: both products are then the same
+//! register-blocked microkernel (as in `gemm` and `matrixmultiply`), `MR` broadcasts × [`NR`]
+//! vectors of query rows, and the online softmax works on whole vectors of rows, with no
+//! horizontal reductions and no per-row bookkeeping. `MR` is 6 where the instruction set has 16
+//! registers (AVX2, scalar: 12 accumulators, 2 operands and a broadcast, 15 registers; 4 × 3
+//! needs all 16 and LLVM then spills) and 12 where it has 32 (AVX-512, NEON: 24 accumulators).
+//! `MR` divides 72, the seed's head_dim, so the value product has no narrow tail tile there.
 //!
-//! Layouts (`W` = f32 lanes, `P = NR·W` keys per panel): Q `[row tile][d][MR]`; K `[panel][d][P]` (keys
-//! across lanes, so a score row is `P` keys wide per `d` step); V `[key][dv padded to W]`; the
-//! accumulator `[row][dv padded to W]`.
+//! Layouts (`W` f32 lanes, `R = NR·W` query rows per register tile): whatever is per query row
+//! is kept in panels of one register tile's rows, `[row tile][..][R]`, so that every product
+//! and the softmax read and write consecutive memory:
+//! - Qᵀ `[row tile][d][R]`, zero past the block's rows up to a whole tile;
+//! - K `[key group][d][MR]`: `MR` keys broadcast per step of `d`;
+//! - scores, then probabilities, Sᵀ `[row tile][key][R]` (`KEY_BLOCK` keys per tile);
+//! - V `[column group][key][MR]`: `MR` output columns broadcast per key;
+//! - the accumulator Oᵀ `[row tile][dv][R]`.
 
 use super::softmax::{self, RowState, ScoreMap};
 use super::tile::{round_up, TileKernel};
@@ -21,18 +27,17 @@ use crate::problem::MAX_HEAD_DIM;
 use core::ops::Range;
 use pulp::Simd;
 
-/// Query rows per work item: a whole number of register tiles (6 or 12 rows).
+/// Query rows per work item: a whole number of register tiles on every instruction set (16
+/// rows on AVX2, 32 on AVX-512, 8 on NEON, 2 scalar).
 const QUERY_BLOCK: usize = 96;
-/// Keys per block: a whole number of panels for every lane count (16 on AVX2, 32 on AVX-512,
-/// 8 on NEON, 2 scalar).
+/// Keys per block: a whole number of key groups (6 or 12).
 const KEY_BLOCK: usize = 96;
-/// Vectors per register tile: of keys in the score product, of output columns in the value
-/// product.
+/// Vectors of query rows per register tile.
 const NR: usize = 2;
 
-/// Rows per register tile for an instruction set with `registers` vector registers (see the
-/// module docs).
-const fn rows_per_tile(registers: usize) -> usize {
+/// Broadcasts per register tile (keys in the score product, output columns in the value
+/// product) for an instruction set with `registers` vector registers (see the module docs).
+const fn broadcasts_per_tile(registers: usize) -> usize {
     if registers >= 32 {
         12
     } else {
@@ -40,7 +45,7 @@ const fn rows_per_tile(registers: usize) -> usize {
     }
 }
 
-const _: () = assert!(QUERY_BLOCK.is_multiple_of(24) && KEY_BLOCK.is_multiple_of(NR * 16) && NR == 2);
+const _: () = assert!(QUERY_BLOCK.is_multiple_of(NR * 16) && KEY_BLOCK.is_multiple_of(12));
 
 /// The portable kernel for the instruction set `S`.
 #[derive(Clone, Copy, Debug)]
@@ -52,15 +57,11 @@ impl<S: Simd> FmaKernel<S> {
     pub fn new(simd: S) -> Self {
         FmaKernel { simd }
     }
-}
 
-/// Copies `src` widened to f32 into `dst` (which may be longer; the rest is left alone).
-#[inline(always)]
-fn widen<T: Element>(src: ndarray::ArrayView1<T>, dst: &mut [f32]) {
-    match src.as_slice() {
-        Some(s) => widen_slice(s, &mut dst[..s.len()]),
-        None => dst.iter_mut().zip(src.iter()).for_each(|(d, x)| *d = x.to_f32()),
-    }
+    /// Broadcasts per register tile on this instruction set.
+    const MR: usize = broadcasts_per_tile(S::REGISTER_COUNT);
+    /// Query rows per register tile.
+    const R: usize = NR * S::F32_LANES;
 }
 
 /// `dst = src` widened to f32, with the CPU's conversion instructions where it has them (F16C
@@ -75,19 +76,23 @@ fn widen_slice<T: Element>(src: &[T], dst: &mut [f32]) {
     }
 }
 
-/// Packs the rows `tokens` of `head` in groups of `width` rows, each group `[d][width]`
-/// (row `j` of the group in column `j`), widened to f32: Q's row tiles and K's key panels.
+/// Row `token` of `head` widened to f32 into `dst[..len]`, the row's length, which it returns.
 #[inline(always)]
-fn pack_in_groups<T: Element>(rows: &Rows<T>, tokens: Range<usize>, head: usize, width: usize, dst: &mut [f32]) {
-    let d = rows.row(tokens.start, head).len();
-    let mut row = [0f32; MAX_HEAD_DIM];
-    for (j, token) in tokens.enumerate() {
-        widen(rows.row(token, head), &mut row[..d]);
-        let first = (j / width) * d * width + j % width;
-        for (dd, &x) in row[..d].iter().enumerate() {
-            dst[first + dd * width] = x;
-        }
+fn widen_row<T: Element>(rows: &Rows<T>, token: usize, head: usize, dst: &mut [f32]) -> usize {
+    let src = rows.row(token, head);
+    let len = src.len();
+    match src.as_slice() {
+        Some(s) => widen_slice(s, &mut dst[..len]),
+        None => dst.iter_mut().zip(src.iter()).for_each(|(d, x)| *d = x.to_f32()),
     }
+    len
+}
+
+/// Where a panel layout `[row tile][n][R]` keeps row `r`, entry `j` (of `n`).
+#[inline(always)]
+fn panel_index<S: Simd>(n: usize, r: usize, j: usize) -> usize {
+    let tile_rows = NR * S::F32_LANES;
+    (r / tile_rows) * n * tile_rows + j * tile_rows + r % tile_rows
 }
 
 /// One vector from `p` (no alignment needed).
@@ -114,7 +119,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     type Packed = f32;
     const QUERY_BLOCK: usize = QUERY_BLOCK;
     const KEY_BLOCK: usize = KEY_BLOCK;
-    const STRIP: usize = NR * S::F32_LANES;
+    const STRIP: usize = Self::MR;
 
     fn q_stride(d: usize) -> usize {
         d
@@ -123,76 +128,94 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         KEY_BLOCK * d
     }
     fn v_len(dv: usize) -> usize {
-        KEY_BLOCK * <Self as TileKernel<T>>::o_stride(dv)
+        KEY_BLOCK * round_up(dv, Self::MR)
     }
-    fn o_stride(dv: usize) -> usize {
-        round_up(dv, S::F32_LANES)
+    fn o_len(dv: usize) -> usize {
+        dv * QUERY_BLOCK
+    }
+    fn o_index(dv: usize, r: usize, j: usize) -> usize {
+        panel_index::<S>(dv, r, j)
     }
     fn p_len() -> usize {
         0
     }
 
+    /// Qᵀ `[row tile][d][R]`, zero from the last row to a whole register tile.
     #[inline(always)]
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        pack_in_groups(q, tokens, head, rows_per_tile(S::REGISTER_COUNT), dst);
+        let rows = tokens.len();
+        let d = q.row(tokens.start, head).len();
+        let last_tile = rows / Self::R * Self::R;
+        dst[last_tile * d..round_up(rows, Self::R) * d].fill(0.0);
+        let mut row = [0f32; MAX_HEAD_DIM];
+        for (r, token) in tokens.enumerate() {
+            widen_row(q, token, head, &mut row);
+            for (dd, &x) in row[..d].iter().enumerate() {
+                dst[panel_index::<S>(d, r, dd)] = x;
+            }
+        }
     }
 
+    /// K `[key group][d][MR]`, zero keys up to a whole group (they score 0 and are masked by
+    /// the driver).
     #[inline(always)]
     fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        let panel = NR * S::F32_LANES;
+        let mr = Self::MR;
         let d = k.row(tokens.start, head).len();
-        // Zero keys up to a whole panel: they score 0 and are masked by the driver.
-        dst[..round_up(tokens.len(), panel) * d].fill(0.0);
-        pack_in_groups(k, tokens, head, panel, dst);
+        dst[..round_up(tokens.len(), mr) * d].fill(0.0);
+        let mut row = [0f32; MAX_HEAD_DIM];
+        for (j, token) in tokens.enumerate() {
+            widen_row(k, token, head, &mut row);
+            let first = (j / mr) * d * mr + j % mr;
+            for (dd, &x) in row[..d].iter().enumerate() {
+                dst[first + dd * mr] = x;
+            }
+        }
     }
 
+    /// V `[column group][key][MR]`, zero past the last key and the last column.
     #[inline(always)]
     fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) -> bool {
+        let mr = Self::MR;
         let dv = v.row(tokens.start, head).len();
-        let stride = <Self as TileKernel<T>>::o_stride(dv);
-        let width = round_up(tokens.len(), NR * S::F32_LANES);
-        dst[..width * stride].fill(0.0);
+        let len = <Self as TileKernel<T>>::v_len(dv);
+        dst[..len].fill(0.0);
+        let mut row = [0f32; MAX_HEAD_DIM];
         for (j, token) in tokens.enumerate() {
-            widen(v.row(token, head), &mut dst[j * stride..j * stride + dv]);
+            widen_row(v, token, head, &mut row);
+            for (c, &x) in row[..dv].iter().enumerate() {
+                dst[(c / mr) * KEY_BLOCK * mr + j * mr + c % mr] = x;
+            }
         }
-        dst[..width * stride].iter().all(|x| x.is_finite())
+        dst[..len].iter().all(|x| x.is_finite())
     }
 
     #[inline(always)]
     fn scores(&self, q: &[f32], k: &[f32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {
-        let panel = NR * S::F32_LANES;
-        let mr = rows_per_tile(S::REGISTER_COUNT);
-        assert!(keys.is_multiple_of(panel) && keys <= KEY_BLOCK && rows <= QUERY_BLOCK);
-        // A partial last row tile still spans a whole tile of Q (`[d][mr]`, `m` columns read).
-        assert!(q.len() >= rows.next_multiple_of(mr) * d && k.len() >= keys * d && s.len() >= rows * KEY_BLOCK);
-        // Row tile by row tile: the tile of Q (d × mr) stays in L1 while the block's key panels
-        // stream past it.
-        let mut r = 0;
-        while r < rows {
-            let m = (rows - r).min(mr);
-            // Row tile r / mr of Q starts at r · d: tiles are mr rows × d, `[d][mr]`.
-            let q = q[r * d..].as_ptr();
-            for p in 0..keys / panel {
-                let (k_panel, s) = (k[p * panel * d..].as_ptr(), s[r * KEY_BLOCK + p * panel..].as_mut_ptr());
-                macro_rules! tile {
-                    ($($m:literal)*) => {
-                        match m {
-                            // SAFETY: the row tile of q (d × mr from r · d, m rows used),
-                            // rows r..r + m of s (a panel's P columns at row stride
-                            // KEY_BLOCK) and the panel's d × P packed keys are inside the
-                            // slices (asserted above: q holds every row tile whole).
-                            $($m => unsafe { score_tile::<S, $m>(self.simd, q, mr, d, k_panel, s) },)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                if mr == 6 {
-                    tile!(1 2 3 4 5 6)
-                } else {
-                    tile!(1 2 3 4 5 6 7 8 9 10 11 12)
+        let (mr, tile_rows) = (Self::MR, Self::R);
+        assert!(keys.is_multiple_of(mr) && keys <= KEY_BLOCK && rows <= QUERY_BLOCK);
+        assert!(q.len() >= d * QUERY_BLOCK && k.len() >= keys * d && s.len() >= KEY_BLOCK * QUERY_BLOCK);
+        // Row tile by row tile: the tile's panel of Qᵀ (d × R) stays in L1 while the block's
+        // key groups stream past it.
+        for r in (0..rows).step_by(tile_rows) {
+            for g in 0..keys / mr {
+                // SAFETY: the panel of Qᵀ from r · d (d × R; r + R <= QUERY_BLOCK, rows are
+                // padded to a whole tile inside the block), key group g (d × MR, g·MR < keys)
+                // and keys g·MR..g·MR + MR of the Sᵀ panel from r · KEY_BLOCK are inside the
+                // slices (asserted above).
+                unsafe {
+                    let (q, k, s) = (
+                        q[r * d..].as_ptr(),
+                        k[g * d * mr..].as_ptr(),
+                        s[r * KEY_BLOCK + g * mr * tile_rows..].as_mut_ptr(),
+                    );
+                    if mr == 6 {
+                        score_tile::<S, 6>(self.simd, q, d, k, s)
+                    } else {
+                        score_tile::<S, 12>(self.simd, q, d, k, s)
+                    }
                 }
             }
-            r += m;
         }
     }
 
@@ -207,12 +230,12 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         visible: &dyn Fn(usize) -> Option<Range<usize>>,
         state: &mut RowState<'_>,
     ) {
-        softmax::update(self.simd, s, KEY_BLOCK, rows, keys, map, visible, state);
+        softmax::update(self.simd, s, KEY_BLOCK, rows, Self::R, keys, map, visible, state);
     }
 
     #[inline(always)]
     fn probability(&self, s: &[f32], _packed: &[f32], r: usize, j: usize) -> f32 {
-        s[r * KEY_BLOCK + j]
+        s[panel_index::<S>(KEY_BLOCK, r, j)]
     }
 
     #[inline(always)]
@@ -227,64 +250,42 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         dv: usize,
         o: &mut [f32],
     ) {
-        let w = S::F32_LANES;
-        let mr = rows_per_tile(S::REGISTER_COUNT);
-        let stride = <Self as TileKernel<T>>::o_stride(dv);
-        let vectors = stride / w;
+        let (mr, tile_rows) = (Self::MR, Self::R);
         assert!(rows <= QUERY_BLOCK && keys <= KEY_BLOCK);
-        assert!(p.len() >= rows * KEY_BLOCK && v.len() >= keys * stride);
-        assert!(o.len() >= rows * stride && alpha.len() >= rows);
-        // One tile: rows r..r + m, vectors c..c + n. (A macro, not a closure: see `fma_step`.)
-        macro_rules! tile {
-            ($r:expr, $m:expr, $c:expr, $n:expr) => {{
-                let (r, m, c, n) = ($r, $m, $c, $n);
-                let (p, v, alpha) = (p[r * KEY_BLOCK..].as_ptr(), v[c * w..].as_ptr(), alpha[r..].as_ptr());
-                let o = o[r * stride + c * w..].as_mut_ptr();
-                // SAFETY: rows r..r + m of p (keys each, row stride KEY_BLOCK), of alpha and of
-                // o (n vectors from column c·W, row stride `stride`), and keys rows of v (n
-                // vectors from column c·W) are inside the slices (asserted above;
-                // r + m <= rows, c + n <= stride / W).
-                unsafe { value_tile_of(self.simd, m, n, p, v, alpha, keys, stride, o) };
-            }};
-        }
-        // Whole groups of NR vectors: mr-row tiles.
-        let grouped = vectors / NR * NR;
-        for r in (0..rows).step_by(mr) {
-            for c in (0..grouped).step_by(NR) {
-                tile!(r, (rows - r).min(mr), c, NR);
-            }
-        }
-        // A last single vector (head_dim_v 72 on AVX2: 9 vectors): 2·mr-row tiles, as many
-        // accumulators as the grouped tiles, since it needs one operand register, not NR.
-        if grouped < vectors {
-            let mut r = 0;
-            while r < rows {
-                let m = if rows - r >= 2 * mr { 2 * mr } else { (rows - r).min(mr) };
-                tile!(r, m, grouped, 1);
-                r += m;
+        assert!(p.len() >= KEY_BLOCK * QUERY_BLOCK && v.len() >= round_up(dv, mr) * KEY_BLOCK);
+        assert!(o.len() >= dv * QUERY_BLOCK && alpha.len() >= round_up(rows, tile_rows));
+        // Row tile outer: its panel of Pᵀ (keys × R) stays in L1 while V streams past.
+        for r in (0..rows).step_by(tile_rows) {
+            for c in (0..dv).step_by(mr) {
+                let m = (dv - c).min(mr);
+                let (p, v, alpha) = (p[r * KEY_BLOCK..].as_ptr(), v[c * KEY_BLOCK..].as_ptr(), alpha[r..].as_ptr());
+                let o = o[r * dv + c * tile_rows..].as_mut_ptr();
+                // SAFETY: the panels of Pᵀ (keys × R) and Oᵀ (columns c..c + m, c + m <= dv)
+                // of rows r..r + R (inside the padded block), those rows of alpha, and column
+                // group c / MR of V (keys × MR) are inside the slices (asserted above).
+                unsafe { value_tile_of::<S>(self.simd, m, p, v, alpha, keys, o) };
             }
         }
     }
 }
 
 /// One rank-1 update of an `M × N` register tile, the step of both microkernels:
-/// `acc[m][n] += a[m · a_stride] · b[n·W..(n+1)·W]`, with `N` vector loads and `M` broadcasts.
+/// `acc[m][n] += a[m] · b[n·W..(n+1)·W]`, with `N` vector loads and `M` broadcasts.
 ///
 /// A function rather than a closure: a closure is a function of its own, compiled without the
 /// instruction set's target features whenever LLVM declines to inline it (which made the
 /// 12-row tile thirty times slower).
 ///
 /// # Safety
-/// `a` must hold `M` f32 at stride `a_stride`, `b` `N` vectors of `w` f32.
+/// `a` must hold `M` f32, `b` `N` vectors of `W` f32.
 #[inline(always)]
 unsafe fn fma_step<S: Simd, const M: usize, const N: usize>(
     simd: S,
     acc: &mut [[S::f32s; N]; M],
     a: *const f32,
-    a_stride: usize,
     b: *const f32,
-    w: usize,
 ) {
+    let w = S::F32_LANES;
     let mut bv = [simd.splat_f32s(0.0); N];
     for (n, x) in bv.iter_mut().enumerate() {
         // SAFETY: n < N: the caller's guarantee.
@@ -292,129 +293,125 @@ unsafe fn fma_step<S: Simd, const M: usize, const N: usize>(
     }
     for (m, acc) in acc.iter_mut().enumerate() {
         // SAFETY: m < M: the caller's guarantee.
-        let av = simd.splat_f32s(unsafe { *a.add(m * a_stride) });
+        let av = simd.splat_f32s(unsafe { *a.add(m) });
         for n in 0..N {
             acc[n] = simd.mul_add_f32s(av, bv[n], acc[n]);
         }
     }
 }
 
-/// [`value_tile`] for `m` rows and `n` vectors, known at run time: `n` is 1 or [`NR`], `m` at
-/// most the rows of a tile or (for `n = 1`) exactly twice that.
+/// The score microkernel: `sᵀ[m][0..R] = Σ_d k[d][m] · qᵀ[d][0..R]` for the `M` keys of one
+/// group and `R = NR·W` query rows: `M × NR` accumulators, `NR` loads and `M` broadcasts per
+/// step of `d`.
 ///
 /// # Safety
-/// As [`value_tile`].
+/// `q` must hold `d` rows of `R` f32 at row stride `R`; `k` a key group of `d × M`
+/// f32; `s` `M` rows of `R` f32 at row stride `R`.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn value_tile_of<S: Simd>(
-    simd: S,
-    m: usize,
-    n: usize,
-    p: *const f32,
-    v: *const f32,
-    alpha: *const f32,
-    keys: usize,
-    stride: usize,
-    o: *mut f32,
-) {
-    macro_rules! dispatch {
-        ($($m:literal)*) => {
-            match (m, n) {
-                $(
-                    // SAFETY: the caller's guarantee.
-                    ($m, 2) => unsafe { value_tile::<S, $m, 2>(simd, p, v, alpha, keys, stride, o) },
-                    // SAFETY: the caller's guarantee.
-                    ($m, 1) => unsafe { value_tile::<S, $m, 1>(simd, p, v, alpha, keys, stride, o) },
-                )*
-                _ => unreachable!(),
-            }
-        };
-    }
-    let mr = rows_per_tile(S::REGISTER_COUNT);
-    match (mr, m) {
-        // SAFETY: the caller's guarantee.
-        (6, 12) => unsafe { value_tile::<S, 12, 1>(simd, p, v, alpha, keys, stride, o) },
-        // SAFETY: the caller's guarantee.
-        (12, 24) => unsafe { value_tile::<S, 24, 1>(simd, p, v, alpha, keys, stride, o) },
-        (6, _) => dispatch!(1 2 3 4 5 6),
-        _ => dispatch!(1 2 3 4 5 6 7 8 9 10 11 12),
-    }
-}
-
-/// The score microkernel: `s[m][0..P] = Σ_d q[d][m] · k[d][0..P]` for `M` rows and one panel
-/// of `P = NR·W` keys: `M × NR` accumulators, `NR` loads and `M` broadcasts per step of `d`.
-/// Q's row tile is stored `[d][mr]`, so that every broadcast is at a fixed offset from one
-/// moving pointer.
-///
-/// # Safety
-/// `q` must hold `d × mr` f32 (`M <= mr`); `k` a panel of `d × P` f32; `s` `M` rows of `P` f32
-/// at row stride `KEY_BLOCK`.
-#[inline(always)]
-unsafe fn score_tile<S: Simd, const M: usize>(simd: S, q: *const f32, mr: usize, d: usize, k: *const f32, s: *mut f32) {
-    let w = S::F32_LANES;
+unsafe fn score_tile<S: Simd, const M: usize>(simd: S, q: *const f32, d: usize, k: *const f32, s: *mut f32) {
+    let (w, r) = (S::F32_LANES, NR * S::F32_LANES);
     // Flat arrays and index loops: LLVM keeps these in registers without shuffling them.
     let mut acc = [[simd.splat_f32s(0.0); NR]; M];
     // Two steps of d per turn: half the loop overhead.
     for dd in (0..d & !1).step_by(2) {
-        // SAFETY: dd + 1 < d: rows dd and dd + 1 of q and of the panel.
+        // SAFETY: dd + 1 < d: rows dd and dd + 1 of qᵀ and of the key group.
         unsafe {
-            fma_step::<S, M, NR>(simd, &mut acc, q.add(dd * mr), 1, k.add(dd * NR * w), w);
-            fma_step::<S, M, NR>(simd, &mut acc, q.add((dd + 1) * mr), 1, k.add((dd + 1) * NR * w), w);
+            fma_step::<S, M, NR>(simd, &mut acc, k.add(dd * M), q.add(dd * r));
+            fma_step::<S, M, NR>(simd, &mut acc, k.add((dd + 1) * M), q.add((dd + 1) * r));
         }
     }
     if d % 2 == 1 {
         // SAFETY: d - 1 < d, as above.
-        unsafe { fma_step::<S, M, NR>(simd, &mut acc, q.add((d - 1) * mr), 1, k.add((d - 1) * NR * w), w) };
+        unsafe { fma_step::<S, M, NR>(simd, &mut acc, k.add((d - 1) * M), q.add((d - 1) * r)) };
     }
     for (m, acc) in acc.iter().enumerate() {
         for (n, &x) in acc.iter().enumerate() {
-            // SAFETY: row m < M, columns n·W..(n+1)·W < P: inside s.
-            unsafe { store::<S>(s.add(m * KEY_BLOCK + n * w), x) };
+            // SAFETY: row m < M, columns n·W..(n+1)·W < R: inside s.
+            unsafe { store::<S>(s.add(m * r + n * w), x) };
         }
     }
 }
 
-/// The value microkernel: `o[m][..] = alpha[m] · o[m][..] + Σ_j p[m][j] · v[j][..]` for `M`
-/// rows and `N` vectors of columns: `M × N` accumulators, `N` loads and `M` broadcasts per key.
+/// [`value_tile`] for `m` output columns (at most `MR`), known at run time.
 ///
 /// # Safety
-/// `p` must hold `M` rows of `keys` f32 (row stride `KEY_BLOCK`), `alpha` `M` f32, `v` `keys`
-/// rows of `N` vectors (row stride `stride`), `o` `M` rows of `N` vectors (row stride `stride`).
+/// As [`value_tile`].
 #[inline(always)]
-unsafe fn value_tile<S: Simd, const M: usize, const N: usize>(
+unsafe fn value_tile_of<S: Simd>(
+    simd: S,
+    m: usize,
+    p: *const f32,
+    v: *const f32,
+    alpha: *const f32,
+    keys: usize,
+    o: *mut f32,
+) {
+    macro_rules! dispatch {
+        ($($m:literal)*) => {
+            match m {
+                // SAFETY: the caller's guarantee.
+                $($m => unsafe { value_tile::<S, $m>(simd, p, v, alpha, keys, o) },)*
+                _ => unreachable!(),
+            }
+        };
+    }
+    if broadcasts_per_tile(S::REGISTER_COUNT) == 6 {
+        dispatch!(1 2 3 4 5 6)
+    } else {
+        dispatch!(1 2 3 4 5 6 7 8 9 10 11 12)
+    }
+}
+
+/// The value microkernel: `oᵀ[m][..] = alpha · oᵀ[m][..] + Σ_j v[j][m] · pᵀ[j][..]` for `M`
+/// output columns and `R = NR·W` query rows: `M × NR` accumulators, `NR` loads and `M`
+/// broadcasts per key.
+///
+/// # Safety
+/// `p` must hold `keys` rows of `R` f32 (row stride `R`), `alpha` `R` f32, `v` `keys`
+/// rows of at least `M` f32 (row stride `MR`), `o` `M` rows of `R` f32 (row stride
+/// `R`).
+#[inline(always)]
+unsafe fn value_tile<S: Simd, const M: usize>(
     simd: S,
     p: *const f32,
     v: *const f32,
     alpha: *const f32,
     keys: usize,
-    stride: usize,
     o: *mut f32,
 ) {
-    let w = S::F32_LANES;
-    // The accumulator rows, rescaled by alpha (loops, not closures: see `fma_step`).
-    let mut acc = [[simd.splat_f32s(0.0); N]; M];
+    let (w, r) = (S::F32_LANES, NR * S::F32_LANES);
+    let mr = broadcasts_per_tile(S::REGISTER_COUNT);
+    // The accumulator, rescaled by alpha (loops, not closures: see `fma_step`).
+    let mut a = [simd.splat_f32s(0.0); NR];
+    for (n, x) in a.iter_mut().enumerate() {
+        // SAFETY: n < NR: inside alpha.
+        *x = unsafe { load::<S>(alpha.add(n * w)) };
+    }
+    let mut acc = [[simd.splat_f32s(0.0); NR]; M];
     for (m, acc) in acc.iter_mut().enumerate() {
-        // SAFETY: m < M: inside alpha.
-        let a = simd.splat_f32s(unsafe { *alpha.add(m) });
         for (n, x) in acc.iter_mut().enumerate() {
-            // SAFETY: m < M, n < N: inside o.
-            *x = simd.mul_f32s(unsafe { load::<S>(o.add(m * stride + n * w)) }, a);
+            // SAFETY: m < M, n < NR: inside o.
+            *x = simd.mul_f32s(unsafe { load::<S>(o.add(m * r + n * w)) }, a[n]);
         }
     }
-    // Two keys per turn: half the loop overhead (`keys` is a whole number of panels, even).
-    debug_assert!(keys.is_multiple_of(2));
-    for j in (0..keys).step_by(2) {
-        // SAFETY: j + 1 < keys: columns j, j + 1 of p, rows j, j + 1 of v.
+    let mut j = 0;
+    // Two keys per turn: half the loop overhead.
+    while j + 2 <= keys {
+        // SAFETY: j + 1 < keys: rows j, j + 1 of pᵀ and of v.
         unsafe {
-            fma_step::<S, M, N>(simd, &mut acc, p.add(j), KEY_BLOCK, v.add(j * stride), w);
-            fma_step::<S, M, N>(simd, &mut acc, p.add(j + 1), KEY_BLOCK, v.add((j + 1) * stride), w);
+            fma_step::<S, M, NR>(simd, &mut acc, v.add(j * mr), p.add(j * r));
+            fma_step::<S, M, NR>(simd, &mut acc, v.add((j + 1) * mr), p.add((j + 1) * r));
         }
+        j += 2;
+    }
+    if j < keys {
+        // SAFETY: j < keys, as above.
+        unsafe { fma_step::<S, M, NR>(simd, &mut acc, v.add(j * mr), p.add(j * r)) };
     }
     for (m, acc) in acc.iter().enumerate() {
         for (n, &x) in acc.iter().enumerate() {
-            // SAFETY: m < M, n < N: inside o.
-            unsafe { store::<S>(o.add(m * stride + n * w), x) };
+            // SAFETY: m < M, n < NR: inside o.
+            unsafe { store::<S>(o.add(m * r + n * w), x) };
         }
     }
 }
-const _: () = assert!(QUERY_BLOCK <= softmax::MAX_ROWS);

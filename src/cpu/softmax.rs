@@ -2,7 +2,7 @@
 //! written once against `pulp::Simd`.
 //!
 //! Scores are tracked in base-2 units: `x = s · scale · log2(e)`, so `p = exp2(x - m)`, the
-//! logit rounded before the max is subtracted (see [`exponentiate`] for why not one fused
+//! logit rounded before the max is subtracted (see [`update`] for why not one fused
 //! multiply-add).
 
 use super::math::{exp2_nonpositive, tanh};
@@ -37,68 +37,125 @@ pub(crate) struct RowState<'a> {
     pub alpha: &'a mut [f32],
 }
 
-/// Turns the raw scores of `rows` rows and `keys` columns (row stride `stride`) into
-/// probabilities in place, updating the running max and sum and setting `alpha`.
+/// Turns the raw scores of `rows` query rows and `keys` keys into probabilities in place,
+/// updating the running max and sum and setting `alpha` (the factor each row's accumulator
+/// must be rescaled by).
 ///
-/// `visible(r)` gives the columns row `r` may see, or `None` when all `keys` are visible;
-/// other columns get probability 0.
+/// The scores are stored in panels of `group` query rows, each key-major (`[row group][key]
+/// [group]`, `key_block` keys per panel: the portable kernel's layout), so that every step
+/// works on vectors of `W` rows at once, with no horizontal reduction. `group` is a whole
+/// number of vector pairs; the rows past `rows` up to a whole group are computed like the
+/// others (the kernel's products cover them) and ignored by the driver; `state` holds every row
+/// of the last group.
+///
+/// `visible(r)` gives the keys row `r` may see, or `None` when it sees all `keys`; the others
+/// get probability 0.
+///
+/// The probability is `exp2(round(s · factor) - shift)`: the logit is rounded before the shift
+/// (the largest rounded logit, or 0) is subtracted, a multiply and then a subtract, not one
+/// fused multiply-add: at the max the argument is then exactly 0, however large the logits,
+/// whereas `fma(s, factor, -shift)` keeps the max's rounding error, up to half an ulp of the
+/// logit (`2^100` for a logit of `2^124`), and `exp2` of that overflows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn update<S: Simd>(
     simd: S,
     scores: &mut [f32],
-    stride: usize,
+    key_block: usize,
     rows: usize,
+    group: usize,
     keys: usize,
     map: ScoreMap,
     visible: &dyn Fn(usize) -> Option<Range<usize>>,
     state: &mut RowState<'_>,
 ) {
-    assert!(rows <= MAX_ROWS && state.alpha.len() >= rows && state.sum.len() >= rows);
-    let factor = map.log2_factor();
-    let mut block_sums = [0f32; MAX_ROWS];
-    SoftCap { scores: &mut *scores, stride, rows, keys, map }.with_simd(simd);
+    let w = S::F32_LANES;
+    let padded = rows.next_multiple_of(group);
+    assert!(group.is_multiple_of(2 * w) && keys <= key_block && scores.len() >= padded * key_block);
+    assert!(state.max.len() >= padded && state.sum.len() >= padded && state.alpha.len() >= padded);
+    let index = |r: usize, j: usize| (r / group) * key_block * group + j * group + r % group;
+    // The soft-cap is lane by lane: the layout does not matter.
+    SoftCap { scores: &mut *scores, stride: 0, rows: 1, keys: padded * key_block, map }.with_simd(simd);
     for r in 0..rows {
-        let row = &mut scores[r * stride..r * stride + keys];
         if let Some(seen) = visible(r) {
-            mask_outside(row, seen);
+            for j in (0..seen.start).chain(seen.end..keys) {
+                scores[index(r, j)] = f32::NEG_INFINITY;
+            }
         }
-        // Rounding is monotonic and the factor positive: the max of the rounded logits is the
-        // rounded logit of the max score.
-        let block_max = row_max(simd, row) * factor;
-        let old_max = state.max[r];
-        let new_max = old_max.max(block_max);
-        // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps every
-        // probability at exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
-        let shift = if new_max == f32::NEG_INFINITY { 0.0 } else { new_max };
-        block_sums[r] = exponentiate(simd, row, factor, shift);
-        state.max[r] = new_max;
-        // For now the exponent of alpha (at most 0); all rows' alphas are taken at once below.
-        state.alpha[r] = old_max - shift;
     }
-    // alpha = 2^(old max - new max) for every row in vectors (one libm call per row was 2% of
-    // the time), and the sums rescaled by it.
-    let (alpha, alpha_tail) = S::as_mut_simd_f32s(&mut state.alpha[..rows]);
-    let (sum, sum_tail) = S::as_mut_simd_f32s(&mut state.sum[..rows]);
-    let (block, block_tail) = S::as_simd_f32s(&block_sums[..rows]);
-    for ((a, s), &b) in alpha.iter_mut().zip(sum.iter_mut()).zip(block) {
-        *a = exp2_nonpositive(simd, *a);
-        *s = simd.mul_add_f32s(*s, *a, b);
-    }
-    for ((a, s), &b) in alpha_tail.iter_mut().zip(sum_tail.iter_mut()).zip(block_tail) {
-        *a = exp2_nonpositive(pulp::Scalar::new(), *a);
-        *s = s.mul_add(*a, b);
+    let factor = simd.splat_f32s(map.log2_factor());
+    let (zero, neg_inf) = (simd.splat_f32s(0.0), simd.splat_f32s(f32::NEG_INFINITY));
+    let (scores, max, sum, alpha) =
+        (scores.as_mut_ptr(), state.max.as_mut_ptr(), state.sum.as_mut_ptr(), state.alpha.as_mut_ptr());
+    // Two vectors of rows per pass (a cache line on AVX2): two independent chains.
+    for first in (0..padded).step_by(2 * w) {
+        let column = |j: usize, n: usize| index(first, j) + n * w;
+        let mut block_max = [neg_inf; 2];
+        for j in 0..keys {
+            for (n, m) in block_max.iter_mut().enumerate() {
+                // SAFETY: rows first + n·W.. + W <= padded (in one group: W divides it), key j <
+                // keys <= key_block: inside scores (asserted).
+                *m = simd.max_f32s(*m, unsafe { load::<S>(scores.add(column(j, n))) });
+            }
+        }
+        let mut shift = [zero; 2];
+        let mut old_max = [zero; 2];
+        for n in 0..2 {
+            // SAFETY: first + n·W + W <= padded: inside the state (asserted).
+            old_max[n] = unsafe { load::<S>(max.add(first + n * w)) };
+            // Rounding is monotonic and the factor positive: the max of the rounded logits is
+            // the rounded logit of the max score.
+            let new_max = simd.max_f32s(old_max[n], simd.mul_f32s(block_max[n], factor));
+            // SAFETY: as above.
+            unsafe { store::<S>(max.add(first + n * w), new_max) };
+            // A row that has seen only masked keys keeps max -inf; subtracting 0 then keeps
+            // every probability at exp2(-inf) = 0 instead of exp2(-inf + inf) = NaN.
+            shift[n] = simd.select_f32s(simd.equal_f32s(new_max, neg_inf), zero, new_max);
+        }
+        let mut block_sum = [zero; 2];
+        for j in 0..keys {
+            for n in 0..2 {
+                // SAFETY: as for the max above.
+                let x = unsafe { load::<S>(scores.add(column(j, n))) };
+                // The rounded logit, then the shift (see above).
+                let p = exp2_nonpositive(simd, simd.sub_f32s(simd.mul_f32s(x, factor), shift[n]));
+                // SAFETY: as above.
+                unsafe { store::<S>(scores.add(column(j, n)), p) };
+                block_sum[n] = simd.add_f32s(block_sum[n], p);
+            }
+        }
+        for n in 0..2 {
+            let a = exp2_nonpositive(simd, simd.sub_f32s(old_max[n], shift[n]));
+            // SAFETY: inside the state, as above.
+            unsafe {
+                store::<S>(alpha.add(first + n * w), a);
+                store::<S>(
+                    sum.add(first + n * w),
+                    simd.mul_add_f32s(load::<S>(sum.add(first + n * w)), a, block_sum[n]),
+                );
+            }
+        }
     }
 }
 
-/// The most rows one call of [`update`] takes.
-pub(crate) const MAX_ROWS: usize = 128;
-
-/// Sets the scores outside `seen` to `-inf`, so that they get probability 0.
+/// One vector from `p` (no alignment needed).
+///
+/// # Safety
+/// `p` must be valid for reading `S::F32_LANES` f32.
 #[inline(always)]
-pub(crate) fn mask_outside(row: &mut [f32], seen: Range<usize>) {
-    row[..seen.start].fill(f32::NEG_INFINITY);
-    row[seen.end..].fill(f32::NEG_INFINITY);
+unsafe fn load<S: Simd>(p: *const f32) -> S::f32s {
+    // SAFETY: the caller's guarantee; `S::f32s` is plain data of exactly that many f32.
+    unsafe { core::ptr::read_unaligned(p.cast::<S::f32s>()) }
+}
+
+/// Writes one vector to `p` (no alignment needed).
+///
+/// # Safety
+/// `p` must be valid for writing `S::F32_LANES` f32.
+#[inline(always)]
+unsafe fn store<S: Simd>(p: *mut f32, x: S::f32s) {
+    // SAFETY: the caller's guarantee.
+    unsafe { core::ptr::write_unaligned(p.cast::<S::f32s>(), x) }
 }
 
 /// Soft-caps `rows` rows of `keys` scores (row stride `stride`) in place (when `map` has a
@@ -135,41 +192,4 @@ fn soft_cap<S: Simd>(simd: S, row: &mut [f32], scale_over_cap: f32, cap: f32) {
     for x in tail {
         *x = cap * tanh(pulp::Scalar::new(), *x * scale_over_cap);
     }
-}
-
-/// The largest entry of `row` (`-inf` for an empty row).
-#[inline(always)]
-fn row_max<S: Simd>(simd: S, row: &[f32]) -> f32 {
-    let (head, tail) = S::as_simd_f32s(row);
-    let mut acc = simd.splat_f32s(f32::NEG_INFINITY);
-    for &x in head {
-        acc = simd.max_f32s(acc, x);
-    }
-    tail.iter().fold(simd.reduce_max_f32s(acc), |m, &x| m.max(x))
-}
-
-/// `row[j] = exp2(round(row[j] · factor) - shift)`, with `shift` the largest rounded logit
-/// (or 0); returns the sum.
-///
-/// The logit is rounded before the shift is subtracted, a multiply and then a subtract, not
-/// one fused multiply-add: at the max the argument is then exactly 0, however large the
-/// logits, whereas `fma(x, factor, -shift)` keeps the max's rounding error, up to half an ulp
-/// of the logit (`2^100` for a logit of `2^124`), and `exp2` of that overflows.
-#[inline(always)]
-fn exponentiate<S: Simd>(simd: S, row: &mut [f32], factor: f32, shift: f32) -> f32 {
-    let (f, shift_v) = (simd.splat_f32s(factor), simd.splat_f32s(shift));
-    let (head, tail) = S::as_mut_simd_f32s(row);
-    let mut sum = simd.splat_f32s(0.0);
-    for x in head {
-        let p = exp2_nonpositive(simd, simd.sub_f32s(simd.mul_f32s(*x, f), shift_v));
-        *x = p;
-        sum = simd.add_f32s(sum, p);
-    }
-    let mut total = simd.reduce_sum_f32s(sum);
-    for x in tail {
-        let p = exp2_nonpositive(pulp::Scalar::new(), *x * factor - shift);
-        *x = p;
-        total += p;
-    }
-    total
 }

@@ -4,7 +4,7 @@
 //! the denominator summed from the unrounded f32 probabilities); only the store differs.
 
 use super::math::EXP2_POLY;
-use super::softmax::{mask_outside, RowState, ScoreMap, SoftCap};
+use super::softmax::{RowState, ScoreMap, SoftCap};
 use core::arch::x86_64::*;
 use core::ops::Range;
 
@@ -127,7 +127,7 @@ unsafe fn rows_update<const N: usize>(
     let f = _mm512_set1_ps(factor);
     for r in 0..rows {
         let row = s[r * stride..].as_ptr();
-        // The base-2 logits, rounded before the max is subtracted (see `softmax::exponentiate`:
+        // The base-2 logits, rounded before the max is subtracted (see `softmax::update`:
         // a fused multiply-subtract would keep the max's rounding error, which overflows
         // `exp2` for large finite scores).
         // SAFETY: n < N: 16 N <= stride, inside row r (asserted).
@@ -216,4 +216,11 @@ fn exp2(x: __m512) -> __m512 {
         p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
     }
     _mm512_scalef_ps(p, n)
+}
+
+/// Sets the scores outside `seen` to `-inf`, so that they get probability 0.
+#[inline(always)]
+fn mask_outside(row: &mut [f32], seen: Range<usize>) {
+    row[..seen.start].fill(f32::NEG_INFINITY);
+    row[seen.end..].fill(f32::NEG_INFINITY);
 }

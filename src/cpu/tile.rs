@@ -3,8 +3,10 @@
 //! normalisation) is shared.
 //!
 //! Shapes, for a block of `rows` (at most `QUERY_BLOCK`) query rows and up to `KEY_BLOCK` keys:
-//! - `scores`: `S[r][j] = Σ_d Q[r][d] K[j][d]` (unscaled), written row-major with row stride
-//!   `KEY_BLOCK`, for `keys` columns (a multiple of [`TileKernel::STRIP`]).
+//! - `scores`: `S[r][j] = Σ_d Q[r][d] K[j][d]` (unscaled), for `keys` columns (a multiple of
+//!   [`TileKernel::STRIP`]), in the kernel's own layout (row-major with row stride `KEY_BLOCK`,
+//!   or key-major for the portable kernel), which only its `softmax`, `probability` and
+//!   `accumulate` read;
 //! - `softmax`: the online softmax over the block (shared code in `softmax.rs`), leaving the
 //!   probabilities where `accumulate` wants them;
 //! - `accumulate`: `O[r][:] = alpha[r] · O[r][:] + Σ_j P[r][j] V[j][:]`.
@@ -39,8 +41,10 @@ pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
     fn k_len(d: usize) -> usize;
     /// Packed elements of one V block.
     fn v_len(dv: usize) -> usize;
-    /// `f32`s per row of the output accumulator (head_dim_v `dv`, padded).
-    fn o_stride(dv: usize) -> usize;
+    /// `f32`s of the output accumulator of `QUERY_BLOCK` rows (head_dim_v `dv`).
+    fn o_len(dv: usize) -> usize;
+    /// Where the accumulator keeps row `r`, column `j`.
+    fn o_index(dv: usize, r: usize, j: usize) -> usize;
     /// Packed elements of the probability tile of `QUERY_BLOCK` rows.
     fn p_len() -> usize;
 
@@ -52,11 +56,11 @@ pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
     /// Packs the values `tokens` of kv head `head`, zero-padded to a whole strip. Returns
     /// whether every value is finite.
     fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]) -> bool;
-    /// Writes raw scores for `rows` rows and `keys` key columns into `s` (row stride
-    /// `KEY_BLOCK`).
+    /// Writes raw scores for `rows` rows and `keys` key columns into `s` (`QUERY_BLOCK ×
+    /// KEY_BLOCK` f32, in the kernel's layout).
     fn scores(&self, q: &[Self::Packed], k: &[Self::Packed], rows: usize, d: usize, keys: usize, s: &mut [f32]);
     /// The online softmax of one block (see `softmax::update` for the contract): reads the
-    /// scores `s` (row stride `KEY_BLOCK`), may overwrite them, and leaves the probabilities
+    /// scores `s`, may overwrite them, and leaves the probabilities
     /// in `s` or `p`, wherever [`TileKernel::accumulate`] and [`TileKernel::probability`] read
     /// them.
     #[allow(clippy::too_many_arguments)]
@@ -72,8 +76,9 @@ pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
     );
     /// The probability of row `r`, key `j` after [`TileKernel::softmax`].
     fn probability(&self, s: &[f32], p: &[Self::Packed], r: usize, j: usize) -> f32;
-    /// Rescales and accumulates `P·V` into `o` (row stride `o_stride(dv)`), with the
-    /// probabilities as [`TileKernel::softmax`] left them.
+    /// Rescales and accumulates `P·V` into `o` (laid out as `o_index` says), with the
+    /// probabilities as [`TileKernel::softmax`] left them. `alpha` and the row state hold
+    /// `QUERY_BLOCK` rows, those past `rows` unused by the driver.
     #[allow(clippy::too_many_arguments)]
     fn accumulate(
         &self,
