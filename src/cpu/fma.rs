@@ -46,6 +46,7 @@ const fn broadcasts_per_tile(registers: usize) -> usize {
 }
 
 const _: () = assert!(QUERY_BLOCK.is_multiple_of(NR * 16) && KEY_BLOCK.is_multiple_of(12));
+const _: () = assert!(broadcasts_per_tile(16) <= 12 && broadcasts_per_tile(32) <= 12);
 
 /// The portable kernel for the instruction set `S`.
 #[derive(Clone, Copy, Debug)]
@@ -150,9 +151,9 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         let mut row = [0f32; MAX_HEAD_DIM];
         for (r, token) in tokens.enumerate() {
             widen_row(q, token, head, &mut row);
-            for (dd, &x) in row[..d].iter().enumerate() {
-                dst[panel_index::<S>(d, r, dd)] = x;
-            }
+            // Row r's entries, R apart in its tile's panel.
+            let column = dst[panel_index::<S>(d, r, 0)..].iter_mut().step_by(Self::R);
+            column.zip(&row[..d]).for_each(|(y, &x)| *y = x);
         }
     }
 
@@ -166,10 +167,9 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         let mut row = [0f32; MAX_HEAD_DIM];
         for (j, token) in tokens.enumerate() {
             widen_row(k, token, head, &mut row);
-            let first = (j / mr) * d * mr + j % mr;
-            for (dd, &x) in row[..d].iter().enumerate() {
-                dst[first + dd * mr] = x;
-            }
+            // Key j's entries, MR apart in its group.
+            let column = dst[(j / mr) * d * mr + j % mr..].iter_mut().step_by(mr);
+            column.zip(&row[..d]).for_each(|(y, &x)| *y = x);
         }
     }
 
@@ -178,16 +178,24 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) -> bool {
         let mr = Self::MR;
         let dv = v.row(tokens.start, head).len();
-        let len = <Self as TileKernel<T>>::v_len(dv);
-        dst[..len].fill(0.0);
-        let mut row = [0f32; MAX_HEAD_DIM];
+        let (groups, keys) = (dv.div_ceil(mr), tokens.len());
+        let width = round_up(keys, mr);
+        // Zero columns past dv (the row buffer's tail, up to a whole group) and keys past the
+        // last up to a whole group (the value product reads them; their probabilities are 0).
+        let mut row = [0f32; MAX_HEAD_DIM + 12];
+        for g in 0..groups {
+            dst[g * KEY_BLOCK * mr + keys * mr..g * KEY_BLOCK * mr + width * mr].fill(0.0);
+        }
+        let mut finite = true;
         for (j, token) in tokens.enumerate() {
             widen_row(v, token, head, &mut row);
-            for (c, &x) in row[..dv].iter().enumerate() {
-                dst[(c / mr) * KEY_BLOCK * mr + j * mr + c % mr] = x;
+            // `&`, not `&&`: no branch, so that LLVM vectorises the check.
+            finite &= row[..dv].iter().fold(true, |ok, x| ok & x.is_finite());
+            for (g, chunk) in row[..groups * mr].chunks_exact(mr).enumerate() {
+                dst[g * KEY_BLOCK * mr + j * mr..][..mr].copy_from_slice(chunk);
             }
         }
-        dst[..len].iter().all(|x| x.is_finite())
+        finite
     }
 
     #[inline(always)]
