@@ -435,11 +435,12 @@ impl Plan {
         }
     }
 
-    /// Bytes of the workspace: with cu_seqlens on the device, `tile_start`; with key splits,
-    /// the f32 partial outputs, then partial LSEs; else 0.
+    /// Bytes of the workspace: with cu_seqlens on the device, `tile_start` and then each of the
+    /// grid's query tiles' sequence (both written by `va_plan_tiles`); with key splits, the f32
+    /// partial outputs, then partial LSEs; else 0.
     pub fn workspace_bytes(&self) -> usize {
         if self.plans_on_the_device() {
-            4 * (self.batch + 1)
+            4 * (self.batch + 1 + self.tiles)
         } else if self.splits > 1 {
             let (out, lse) = self.partial_lens();
             4 * (out + lse)
@@ -725,7 +726,8 @@ mod tests {
         );
         assert!(plan.plans_on_the_device() && plan.metadata_to_copy().is_none());
         assert_eq!((plan.splits, plan.tiles), (1, 2861usize.div_ceil(plan.variant.block_m()) + 7));
-        assert_eq!(plan.workspace_bytes(), 4 * 8);
+        // tile_start (8 entries), then the grid's tile table.
+        assert_eq!(plan.workspace_bytes(), 4 * (8 + plan.tiles));
         let p = plan.params(None, Some(0x3000), Some(0x4000));
         assert_eq!((p.cu_seqlens_q, p.cu_seqlens_k, p.tile_start, p.status), (0x1000, 0x2000, 0x3000, 0x4000));
         assert_eq!((p.batch, p.total_q, p.total_k, p.inline_metadata), (7, 2861, 2861, 0));

@@ -113,7 +113,8 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
     if plan.plans_on_the_device() {
         let dims = Dims { grid: (1, 1, 1), threads: PLAN_THREADS, shared_bytes: 0 };
         // SAFETY: the caller's guarantee for the cu_seqlens buffers (batch + 1 entries each);
-        // tile_start is the workspace, sized for batch + 1 entries; the flag is the device's.
+        // the workspace holds tile_start (batch + 1 entries) and the grid's tile table; the
+        // flag is the device's.
         unsafe { runtime.launch(&kernels, Entry::PlanTiles, dims, &params, None)? };
     }
     let encoded = (variant.target == Target::Wgmma).then(|| runtime.tensor_maps(plan.key_value_shapes(), variant.f16));

@@ -54,9 +54,10 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
 
     // With cu_seqlens on the device the grid is an upper bound: blocks past the last tile (all
     // of them when the cu_seqlens were refused) have nothing to do.
-    if (p.status != nullptr && (int)blockIdx.x >= p.tile_start[p.batch]) return;
+    const int sequence = va_tile_sequence(p, blockIdx.x);
+    if (sequence < 0) return;
 
-    const VaTile tile = va_schedule_tile(p, blockIdx.x, blockIdx.y, blockIdx.z);
+    const VaTile tile = va_schedule_tile(p, sequence, blockIdx.x, blockIdx.y, blockIdx.z);
 
 #if defined(VA_AMD)
     va_attention_tile_mfma(p, tile, smem);

@@ -71,7 +71,9 @@ struct VaParams {
     float* partial_lse;      // [splits][heads][total_q] with splits > 1
     const int* cu_seqlens_q;
     const int* cu_seqlens_k;
-    int* tile_start;         // [batch + 1]: first query tile of each sequence
+    // [batch + 1]: first query tile of each sequence. With cu_seqlens on the device, the
+    // workspace, followed by the table `va_plan_tiles` writes (`va_tile_sequence_table`).
+    int* tile_start;
     // Calls whose cu_seqlens are on the device: the flag `va_plan_tiles` raises (and never
     // lowers) for cu_seqlens that break a rule; null for calls planned on the host.
     int* status;
@@ -98,6 +100,16 @@ VA_DEVICE int va_metadata(const VaParams& p, int which, int i) {
     const int* a = which == 0 ? p.cu_seqlens_q : which == 1 ? p.cu_seqlens_k : p.tile_start;
     return a[i];
 }
+
+// Query tiles of the grid with cu_seqlens on the device: the most the token count allows
+// (`Plan::with_device_seqlens` sizes the grid the same way).
+VA_DEVICE int va_device_grid_tiles(const VaParams& p) {
+    return p.total_q == 0 ? 0 : (p.total_q + VA_BLOCK_M - 1) / VA_BLOCK_M + p.batch;
+}
+
+// With cu_seqlens on the device: each of the grid's query tiles' sequence (-1: none), after
+// tile_start in the workspace.
+VA_DEVICE int* va_tile_sequence_table(const VaParams& p) { return p.tile_start + p.batch + 1; }
 
 #define VA_LOG2E 1.4426950408889634f
 #define VA_LN2 0.6931471805599453f

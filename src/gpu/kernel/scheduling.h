@@ -5,10 +5,11 @@
 #pragma once
 
 // Calls whose cu_seqlens are on the device: one block turns them into `tile_start` (each
-// sequence's first query tile, prefix sums of its tile counts) before the attention kernel
+// sequence's first query tile, prefix sums of its tile counts) and `tile_sequence` (each query
+// tile's sequence, -1 for the grid's blocks past the last tile) before the attention kernel
 // runs, and checks them: cu_seqlens_q and cu_seqlens_k start at 0, never decrease, and end at
-// the token counts of q and k. Cu_seqlens that break a rule raise `*p.status` and leave
-// `tile_start[batch] = 0`, so that every attention block returns before reading anything.
+// the token counts of q and k. Cu_seqlens that break a rule raise `*p.status` and leave every
+// `tile_sequence` entry -1, so that every attention block returns before reading anything else.
 // The grid was sized for the most tiles the token count allows (tokens / BLOCK_M + batch).
 #define VA_PLAN_THREADS 1024
 extern "C" __global__ void __launch_bounds__(VA_PLAN_THREADS) va_plan_tiles(VA_GRID_CONSTANT const VaParams p) {
@@ -38,25 +39,37 @@ extern "C" __global__ void __launch_bounds__(VA_PLAN_THREADS) va_plan_tiles(VA_G
         __syncthreads();
     }
     int start = sums[t] - tiles;
+    int* tile_sequence = va_tile_sequence_table(p);
     for (int b = lo; b < hi; ++b) {
         p.tile_start[b] = start;
         const int lq = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-        start += lq > 0 ? (lq + VA_BLOCK_M - 1) / VA_BLOCK_M : 0;
+        const int count = lq > 0 ? (lq + VA_BLOCK_M - 1) / VA_BLOCK_M : 0;
+        if (!broken)
+            for (int i = 0; i < count; ++i) tile_sequence[start + i] = b;
+        start += count;
     }
-    if (t == VA_PLAN_THREADS - 1) p.tile_start[n] = broken ? 0 : sums[t];
+    const int total = broken ? 0 : sums[VA_PLAN_THREADS - 1];
+    for (int i = total + t; i < va_device_grid_tiles(p); i += VA_PLAN_THREADS) tile_sequence[i] = -1;
+    if (t == VA_PLAN_THREADS - 1) p.tile_start[n] = total;
     if (t == 0 && broken) *p.status = 1;
 }
 
-// The tile of block (tile_index, head, split).
-VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int tile_index, int head, int split) {
-    // Which sequence and query tile: the last sequence whose first tile is <= this one (empty
-    // sequences have no tiles and are skipped).
+// The sequence of query tile `tile_index`, or -1 when the grid's block has no tile (cu_seqlens
+// on the device: the grid is an upper bound). One load where `va_plan_tiles` wrote the table,
+// else a binary search over tile_start (in the parameter block for small batches).
+VA_DEVICE int va_tile_sequence(const VaParams& p, int tile_index) {
+    if (p.status != nullptr) return va_tile_sequence_table(p)[tile_index];
+    // The last sequence whose first tile is <= this one (empty sequences have no tiles).
     int lo = 0, hi = p.batch;
     while (lo < hi) {
         const int mid = (lo + hi + 1) / 2;
         if (va_metadata(p, 2, mid) <= tile_index) lo = mid; else hi = mid - 1;
     }
-    const int b = lo;
+    return lo;
+}
+
+// The tile of block (tile_index, head, split), whose sequence is `b` (`va_tile_sequence`).
+VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, int tile_index, int head, int split) {
     VaTile tile;
     tile.q_start = va_metadata(p, 0, b);
     tile.lq = va_metadata(p, 0, b + 1) - tile.q_start;
