@@ -280,7 +280,8 @@ enum Schedule {
     /// inline in the parameter block when they fit, else copied to the device.
     Host(Vec<i32>),
     /// `cu_seqlens_q` and `cu_seqlens_k` on the device (their addresses): `va_plan_tiles`
-    /// checks them and writes `tile_start` into the workspace; the grid is an upper bound.
+    /// checks them and writes `tile_start` and each query tile's sequence into the workspace;
+    /// the grid is an upper bound.
     Device { cu_seqlens_q: u64, cu_seqlens_k: u64 },
 }
 
