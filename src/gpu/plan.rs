@@ -318,10 +318,11 @@ impl Plan {
         // On Hopper, a problem whose 128-row tiles would not fill half the multiprocessors
         // takes 64-row tiles (one computing warpgroup each): twice the blocks, each half the
         // work, where a block's fixed cost is most of the time.
-        if target == Target::Wgmma && !tuning.full_tiles_only {
+        if target == Target::Wgmma {
             let tiles: usize =
                 (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(variant.block_m())).sum();
-            if 2 * tiles * problem.num_heads <= multiprocessors {
+            let small = 2 * tiles * problem.num_heads <= multiprocessors;
+            if tuning.block_m.map_or(small, |m| m == 64) {
                 variant = variant.with_one_warpgroup();
             }
         }
@@ -697,8 +698,13 @@ mod tests {
         let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
         let with = |tuning: Tuning| Plan::new(&problem, false, hopper, &tuning, Operands::default()).variant;
         assert_eq!((with(Tuning::default()).block_m(), with(Tuning::default()).stages), (64, 3));
-        assert_eq!(with(Tuning { full_tiles_only: true, ..Tuning::default() }).block_m(), 128);
+        assert_eq!(with(Tuning { block_m: Some(128), ..Tuning::default() }).block_m(), 128);
         assert_eq!(with(Tuning { two_stages: true, ..Tuning::default() }).stages, 2);
+        // A problem that fills the GPU keeps 128-row tiles unless told otherwise.
+        let (cu, shape) = ([0, 16384], [16384, 16, 72]);
+        let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+        let with = |tuning: Tuning| Plan::new(&large, false, hopper, &tuning, Operands::default()).variant.block_m();
+        assert_eq!((with(Tuning::default()), with(Tuning { block_m: Some(64), ..Tuning::default() })), (128, 64));
         let long = plan_one(Target::Mma, 4096, 1);
         let cu = [0, 4096];
         let shape = [4096, 1, 72];

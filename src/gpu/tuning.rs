@@ -6,7 +6,7 @@
 //! | `VARLEN_ATTN_GPU_KERNEL=mma` | Hopper runs the sm_80 `mma.sync` kernel instead of warpgroup MMAs |
 //! | `VARLEN_ATTN_GPU_TMA=0` | Hopper copies K and V by cp.async only, no tensor-memory copies |
 //! | `VARLEN_ATTN_GPU_STAGES=2` | Hopper keeps two K/V stages in shared memory, not three |
-//! | `VARLEN_ATTN_GPU_BLOCK_M=128` | Hopper keeps 128-row query tiles for small problems too |
+//! | `VARLEN_ATTN_GPU_BLOCK_M=128` or `=64` | Hopper uses 128-row (or 64-row) query tiles whatever the problem |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
 
@@ -19,7 +19,8 @@ pub(crate) struct Tuning {
     pub mma_on_hopper: bool,
     pub no_tma: bool,
     pub two_stages: bool,
-    pub full_tiles_only: bool,
+    /// Hopper's query tile rows, 64 or 128, instead of the problem's choice.
+    pub block_m: Option<usize>,
     pub max_splits: Option<usize>,
     pub dump_ptx: Option<PathBuf>,
 }
@@ -38,7 +39,7 @@ impl Tuning {
             mma_on_hopper: is("VARLEN_ATTN_GPU_KERNEL", "mma"),
             no_tma: is("VARLEN_ATTN_GPU_TMA", "0"),
             two_stages: is("VARLEN_ATTN_GPU_STAGES", "2"),
-            full_tiles_only: is("VARLEN_ATTN_GPU_BLOCK_M", "128"),
+            block_m: lookup("VARLEN_ATTN_GPU_BLOCK_M").and_then(|m| m.parse().ok()).filter(|m| [64, 128].contains(m)),
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
         }
@@ -66,9 +67,11 @@ mod tests {
             )
         };
         let all = Tuning::from(env);
-        assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.full_tiles_only);
+        assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128));
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);
+        assert_eq!(Tuning::from(|_| Some("64".into())).block_m, Some(64));
+        assert_eq!(Tuning::from(|_| Some("96".into())).block_m, None);
     }
 }
