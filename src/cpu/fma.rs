@@ -21,6 +21,7 @@
 
 use super::softmax::{self, RowState, ScoreMap};
 use super::tile::{round_up, TileKernel};
+use super::vector::{load, store};
 use crate::element::Element;
 use crate::layout::Rows;
 use crate::problem::MAX_HEAD_DIM;
@@ -39,14 +40,17 @@ const NR: usize = 2;
 /// product) for an instruction set with `registers` vector registers (see the module docs).
 const fn broadcasts_per_tile(registers: usize) -> usize {
     if registers >= 32 {
-        12
+        MAX_MR
     } else {
         6
     }
 }
 
-const _: () = assert!(QUERY_BLOCK.is_multiple_of(NR * 16) && KEY_BLOCK.is_multiple_of(12));
-const _: () = assert!(broadcasts_per_tile(16) <= 12 && broadcasts_per_tile(32) <= 12);
+/// The most broadcasts per register tile on any instruction set.
+const MAX_MR: usize = 12;
+
+const _: () =
+    assert!(QUERY_BLOCK.is_multiple_of(NR * 16) && KEY_BLOCK.is_multiple_of(MAX_MR) && MAX_MR.is_multiple_of(6));
 
 /// The portable kernel for the instruction set `S`.
 #[derive(Clone, Copy, Debug)]
@@ -94,26 +98,6 @@ fn widen_row<T: Element>(rows: &Rows<T>, token: usize, head: usize, dst: &mut [f
 fn panel_index<S: Simd>(n: usize, r: usize, j: usize) -> usize {
     let tile_rows = NR * S::F32_LANES;
     (r / tile_rows) * n * tile_rows + j * tile_rows + r % tile_rows
-}
-
-/// One vector from `p` (no alignment needed).
-///
-/// # Safety
-/// `p` must be valid for reading `S::F32_LANES` f32.
-#[inline(always)]
-unsafe fn load<S: Simd>(p: *const f32) -> S::f32s {
-    // SAFETY: the caller's guarantee; `S::f32s` is plain data of exactly that many f32.
-    unsafe { core::ptr::read_unaligned(p.cast::<S::f32s>()) }
-}
-
-/// Writes one vector to `p` (no alignment needed).
-///
-/// # Safety
-/// `p` must be valid for writing `S::F32_LANES` f32.
-#[inline(always)]
-unsafe fn store<S: Simd>(p: *mut f32, x: S::f32s) {
-    // SAFETY: the caller's guarantee.
-    unsafe { core::ptr::write_unaligned(p.cast::<S::f32s>(), x) }
 }
 
 impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
@@ -182,7 +166,7 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
         let width = round_up(keys, mr);
         // Zero columns past dv (the row buffer's tail, up to a whole group) and keys past the
         // last up to a whole group (the value product reads them; their probabilities are 0).
-        let mut row = [0f32; MAX_HEAD_DIM + 12];
+        let mut row = [0f32; MAX_HEAD_DIM + MAX_MR];
         for g in 0..groups {
             dst[g * KEY_BLOCK * mr + keys * mr..g * KEY_BLOCK * mr + width * mr].fill(0.0);
         }

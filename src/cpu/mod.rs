@@ -10,7 +10,7 @@
 //! - `driver.rs`: the blocked loop of one work item; `kv_cache.rs` K/V packed once per call;
 //!   `workspace.rs` each thread's scratch;
 //! - `softmax.rs` (f32) and `softmax_bf16.rs` (fused, bf16 probabilities) the online softmax,
-//!   `math.rs` its `exp2` and `tanh`;
+//!   `math.rs` its `exp2` and `tanh`, `vector.rs` unaligned vector loads and stores;
 //! - `peak.rs`: the arithmetic-peak microbenchmarks behind every "% of peak".
 
 #[cfg(target_arch = "x86_64")]
@@ -28,6 +28,7 @@ mod softmax;
 #[cfg(target_arch = "x86_64")]
 mod softmax_bf16;
 mod tile;
+mod vector;
 mod workspace;
 
 pub(crate) use driver::Io;

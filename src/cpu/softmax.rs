@@ -6,6 +6,7 @@
 //! multiply-add).
 
 use super::math::{exp2_nonpositive, tanh};
+use super::vector::{load, store};
 use core::ops::Range;
 use pulp::{Simd, WithSimd};
 
@@ -136,26 +137,6 @@ pub(crate) fn update<S: Simd>(
             }
         }
     }
-}
-
-/// One vector from `p` (no alignment needed).
-///
-/// # Safety
-/// `p` must be valid for reading `S::F32_LANES` f32.
-#[inline(always)]
-unsafe fn load<S: Simd>(p: *const f32) -> S::f32s {
-    // SAFETY: the caller's guarantee; `S::f32s` is plain data of exactly that many f32.
-    unsafe { core::ptr::read_unaligned(p.cast::<S::f32s>()) }
-}
-
-/// Writes one vector to `p` (no alignment needed).
-///
-/// # Safety
-/// `p` must be valid for writing `S::F32_LANES` f32.
-#[inline(always)]
-unsafe fn store<S: Simd>(p: *mut f32, x: S::f32s) {
-    // SAFETY: the caller's guarantee.
-    unsafe { core::ptr::write_unaligned(p.cast::<S::f32s>(), x) }
 }
 
 /// Soft-caps `rows` rows of `keys` scores (row stride `stride`) in place (when `map` has a
