@@ -157,9 +157,9 @@ const WAVE_BYTES: usize = 64 << 20;
 
 /// Runs every work item of `problem`, in parallel when it is worth it.
 ///
-/// The (sequence, kv head) pairs are processed in waves whose packed K/V fits [`WAVE_BYTES`]:
-/// first every key block of the wave is packed once (in parallel), then every query block of
-/// the wave streams through them.
+/// The (sequence, kv head) pairs are processed in waves whose packed K/V fits [`WAVE_BYTES`],
+/// the pairs of a wave in parallel: each packs its key blocks once (in parallel), then every
+/// query block of its heads streams through them.
 fn run<S: Simd, T: Element, K: TileKernel<T>>(simd: S, kernel: K, problem: &Problem, io: &Io<T>) {
     let (d, dv) = (problem.head_dim, problem.head_dim_v);
     let lines = driver::workspace_lines::<T, K>(d, dv);
@@ -188,60 +188,88 @@ fn run<S: Simd, T: Element, K: TileKernel<T>>(simd: S, kernel: K, problem: &Prob
             }
             let (packed, finite, offsets) = cache.buffers::<K::Packed>(blocks * slot, blocks);
 
-            // Phase 1: pack each key block of the wave once.
-            let pack = |index: usize, slot_data: &mut [K::Packed], finite: &mut bool| {
-                let w = offsets.partition_point(|&o| o <= index) - 1;
+            // Pair `first + w` of the wave: its key blocks packed (in parallel), then every
+            // query block of every head reading them. One parallel region per wave: a pair's
+            // query blocks start as soon as its own keys are packed, with no barrier for the
+            // whole wave between the two (which left threads idle on short calls).
+            let pair_work = |w: usize, packed: &mut [K::Packed], finite: &mut [bool]| {
                 let pair = first + w;
                 let sequence = problem.sequence(pair / kv_heads);
-                let start = sequence.k_start + (index - offsets[w]) * K::KEY_BLOCK;
-                let tokens = start..(start + K::KEY_BLOCK).min(sequence.k_start + sequence.k_len);
-                let (k, v) = slot_data.split_at_mut(k_len);
-                simd.vectorize(Pack { kernel, io, tokens, head: pair % kv_heads, k, v, finite });
-            };
-            if parallel {
-                packed
-                    .par_chunks_mut(slot)
-                    .zip(finite.par_iter_mut())
-                    .enumerate()
-                    .for_each(|(i, (c, f))| pack(i, c, f));
-            } else {
-                packed.chunks_mut(slot).zip(finite.iter_mut()).enumerate().for_each(|(i, (c, f))| pack(i, c, f));
-            }
-
-            // Phase 2: every query block of every head reading this wave's pairs.
-            let (packed, finite) = (&*packed, &*finite);
-            let process = |w: usize, head_in_group: usize, block: usize| {
-                let pair = first + w;
-                let sequence = problem.sequence(pair / kv_heads);
-                let rows = block * K::QUERY_BLOCK..((block + 1) * K::QUERY_BLOCK).min(sequence.q_len);
-                let item = WorkItem { sequence, head: (pair % kv_heads) * group + head_in_group, rows };
-                let kv = driver::PackedKv {
-                    blocks: &packed[offsets[w] * slot..offsets[w + 1] * slot],
-                    finite: &finite[offsets[w]..offsets[w + 1]],
-                    k_len,
-                    slot,
+                let head = pair % kv_heads;
+                let pack = |block: usize, slot_data: &mut [K::Packed], finite: &mut bool| {
+                    let start = sequence.k_start + block * K::KEY_BLOCK;
+                    let tokens = start..(start + K::KEY_BLOCK).min(sequence.k_start + sequence.k_len);
+                    let (k, v) = slot_data.split_at_mut(k_len);
+                    simd.vectorize(Pack { kernel, io, tokens, head, k, v, finite });
                 };
-                workspace::with_workspace(lines, |carver| {
-                    simd.vectorize(Attend { kernel, problem, io, item: &item, kv: &kv, carver });
-                })
+                if parallel {
+                    packed
+                        .par_chunks_mut(slot)
+                        .zip(finite.par_iter_mut())
+                        .enumerate()
+                        .for_each(|(i, (c, f))| pack(i, c, f));
+                } else {
+                    packed.chunks_mut(slot).zip(finite.iter_mut()).enumerate().for_each(|(i, (c, f))| pack(i, c, f));
+                }
+                let kv = driver::PackedKv { blocks: &*packed, finite: &*finite, k_len, slot };
+                let process = |head_in_group: usize, block: usize| {
+                    let rows = block * K::QUERY_BLOCK..((block + 1) * K::QUERY_BLOCK).min(sequence.q_len);
+                    let item = WorkItem { sequence, head: head * group + head_in_group, rows };
+                    workspace::with_workspace(lines, |carver| {
+                        simd.vectorize(Attend { kernel, problem, io, item: &item, kv: &kv, carver });
+                    })
+                };
+                let items = group * query_blocks(pair);
+                if parallel {
+                    (0..items).into_par_iter().for_each(|i| process(i % group, i / group));
+                } else {
+                    (0..items).for_each(|i| process(i % group, i / group));
+                }
             };
-            let heads_of_wave = (last - first) * group;
             if parallel {
-                // Nested ranges rather than a list of items: nothing to allocate, and rayon's
+                // Nested halves rather than a list of pairs: nothing to allocate, and rayon's
                 // work stealing balances sequences of very different lengths.
-                (0..heads_of_wave).into_par_iter().for_each(|wh| {
-                    let (w, h) = (wh / group, wh % group);
-                    (0..query_blocks(first + w)).into_par_iter().for_each(|block| process(w, h, block));
-                });
+                split_pairs(0..last - first, packed, finite, offsets, slot, &pair_work);
             } else {
-                for wh in 0..heads_of_wave {
-                    let (w, h) = (wh / group, wh % group);
-                    (0..query_blocks(first + w)).for_each(|block| process(w, h, block));
+                let (mut packed, mut finite) = (packed, finite);
+                for w in 0..last - first {
+                    let blocks = offsets[w + 1] - offsets[w];
+                    let (mine, rest) = packed.split_at_mut(blocks * slot);
+                    let (mine_finite, rest_finite) = finite.split_at_mut(blocks);
+                    pair_work(w, mine, mine_finite);
+                    (packed, finite) = (rest, rest_finite);
                 }
             }
             first = last;
         }
     });
+}
+
+/// Runs `work(w, packed, finite)` for every pair `w` of `pairs` (a wave's (sequence, kv head)
+/// pairs, whose key blocks start at `offsets[w]`), each with its own blocks, in parallel by
+/// halving: no list to allocate.
+fn split_pairs<P: Send, F: Fn(usize, &mut [P], &mut [bool]) + Sync>(
+    pairs: core::ops::Range<usize>,
+    packed: &mut [P],
+    finite: &mut [bool],
+    offsets: &[usize],
+    slot: usize,
+    work: &F,
+) {
+    if pairs.len() <= 1 {
+        if let Some(w) = pairs.clone().next() {
+            work(w, packed, finite);
+        }
+        return;
+    }
+    let middle = pairs.start + pairs.len() / 2;
+    let blocks = offsets[middle] - offsets[pairs.start];
+    let (left, right) = packed.split_at_mut(blocks * slot);
+    let (left_finite, right_finite) = finite.split_at_mut(blocks);
+    rayon::join(
+        || split_pairs(pairs.start..middle, left, left_finite, offsets, slot, work),
+        || split_pairs(middle..pairs.end, right, right_finite, offsets, slot, work),
+    );
 }
 
 /// Packs one key block inside the instruction set's `target_feature` context.
