@@ -96,8 +96,29 @@ fn widen_row<T: Element>(rows: &Rows<T>, token: usize, head: usize, dst: &mut [f
 /// Where a panel layout `[row tile][n][R]` keeps row `r`, entry `j` (of `n`).
 #[inline(always)]
 fn panel_index<S: Simd>(n: usize, r: usize, j: usize) -> usize {
-    let tile_rows = NR * S::F32_LANES;
-    (r / tile_rows) * n * tile_rows + j * tile_rows + r % tile_rows
+    index_in_panels(NR * S::F32_LANES, n, r, j)
+}
+
+/// Where panels of `width` rows, `[panel][n][width]`, keep row `r`, entry `j` (of `n`).
+#[inline(always)]
+fn index_in_panels(width: usize, n: usize, r: usize, j: usize) -> usize {
+    (r / width) * n * width + j * width + r % width
+}
+
+/// Packs the rows `tokens` of `head`, widened to f32, in panels of `width` rows,
+/// `[panel][d][width]` (Qᵀ's row tiles, K's key groups), zero from the last row to a whole
+/// panel.
+#[inline(always)]
+fn pack_panels<T: Element>(rows: &Rows<T>, tokens: Range<usize>, head: usize, width: usize, dst: &mut [f32]) {
+    let (count, d) = (tokens.len(), rows.row(tokens.start, head).len());
+    dst[count / width * width * d..round_up(count, width) * d].fill(0.0);
+    let mut row = [0f32; MAX_HEAD_DIM];
+    for (r, token) in tokens.enumerate() {
+        widen_row(rows, token, head, &mut row);
+        // Row r's entries, `width` apart in its panel.
+        let column = dst[index_in_panels(width, d, r, 0)..].iter_mut().step_by(width);
+        column.zip(&row[..d]).for_each(|(y, &x)| *y = x);
+    }
 }
 
 impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
@@ -128,33 +149,14 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     /// Qᵀ `[row tile][d][R]`, zero from the last row to a whole register tile.
     #[inline(always)]
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        let rows = tokens.len();
-        let d = q.row(tokens.start, head).len();
-        let last_tile = rows / Self::R * Self::R;
-        dst[last_tile * d..round_up(rows, Self::R) * d].fill(0.0);
-        let mut row = [0f32; MAX_HEAD_DIM];
-        for (r, token) in tokens.enumerate() {
-            widen_row(q, token, head, &mut row);
-            // Row r's entries, R apart in its tile's panel.
-            let column = dst[panel_index::<S>(d, r, 0)..].iter_mut().step_by(Self::R);
-            column.zip(&row[..d]).for_each(|(y, &x)| *y = x);
-        }
+        pack_panels(q, tokens, head, Self::R, dst);
     }
 
     /// K `[key group][d][MR]`, zero keys up to a whole group (they score 0 and are masked by
     /// the driver).
     #[inline(always)]
     fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        let mr = Self::MR;
-        let d = k.row(tokens.start, head).len();
-        dst[..round_up(tokens.len(), mr) * d].fill(0.0);
-        let mut row = [0f32; MAX_HEAD_DIM];
-        for (j, token) in tokens.enumerate() {
-            widen_row(k, token, head, &mut row);
-            // Key j's entries, MR apart in its group.
-            let column = dst[(j / mr) * d * mr + j % mr..].iter_mut().step_by(mr);
-            column.zip(&row[..d]).for_each(|(y, &x)| *y = x);
-        }
+        pack_panels(k, tokens, head, Self::MR, dst);
     }
 
     /// V `[column group][key][MR]`, zero past the last key and the last column.

@@ -226,34 +226,24 @@ fn run<S: Simd, T: Element, K: TileKernel<T>>(simd: S, kernel: K, problem: &Prob
                     (0..items).for_each(|i| process(i % group, i / group));
                 }
             };
-            if parallel {
-                // Nested halves rather than a list of pairs: nothing to allocate, and rayon's
-                // work stealing balances sequences of very different lengths.
-                split_pairs(0..last - first, packed, finite, offsets, slot, &pair_work);
-            } else {
-                let (mut packed, mut finite) = (packed, finite);
-                for w in 0..last - first {
-                    let blocks = offsets[w + 1] - offsets[w];
-                    let (mine, rest) = packed.split_at_mut(blocks * slot);
-                    let (mine_finite, rest_finite) = finite.split_at_mut(blocks);
-                    pair_work(w, mine, mine_finite);
-                    (packed, finite) = (rest, rest_finite);
-                }
-            }
+            // Nested halves rather than a list of pairs: nothing to allocate, and rayon's work
+            // stealing balances sequences of very different lengths.
+            split_pairs(0..last - first, packed, finite, offsets, slot, parallel, &pair_work);
             first = last;
         }
     });
 }
 
 /// Runs `work(w, packed, finite)` for every pair `w` of `pairs` (a wave's (sequence, kv head)
-/// pairs, whose key blocks start at `offsets[w]`), each with its own blocks, in parallel by
-/// halving: no list to allocate.
+/// pairs, whose key blocks start at `offsets[w]`), each with its own blocks, by halving (the
+/// halves in parallel when `parallel`): no list to allocate.
 fn split_pairs<P: Send, F: Fn(usize, &mut [P], &mut [bool]) + Sync>(
     pairs: core::ops::Range<usize>,
     packed: &mut [P],
     finite: &mut [bool],
     offsets: &[usize],
     slot: usize,
+    parallel: bool,
     work: &F,
 ) {
     if pairs.len() <= 1 {
@@ -266,10 +256,14 @@ fn split_pairs<P: Send, F: Fn(usize, &mut [P], &mut [bool]) + Sync>(
     let blocks = offsets[middle] - offsets[pairs.start];
     let (left, right) = packed.split_at_mut(blocks * slot);
     let (left_finite, right_finite) = finite.split_at_mut(blocks);
-    rayon::join(
-        || split_pairs(pairs.start..middle, left, left_finite, offsets, slot, work),
-        || split_pairs(middle..pairs.end, right, right_finite, offsets, slot, work),
-    );
+    let mut first_half = move || split_pairs(pairs.start..middle, left, left_finite, offsets, slot, parallel, work);
+    let mut second_half = move || split_pairs(middle..pairs.end, right, right_finite, offsets, slot, parallel, work);
+    if parallel {
+        rayon::join(first_half, second_half);
+    } else {
+        first_half();
+        second_half();
+    }
 }
 
 /// Packs one key block inside the instruction set's `target_feature` context.

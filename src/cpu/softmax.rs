@@ -75,8 +75,10 @@ pub(crate) fn update<S: Simd>(
     assert!(group.is_multiple_of(2 * w) && keys <= key_block && scores.len() >= padded * key_block);
     assert!(state.max.len() >= padded && state.sum.len() >= padded && state.alpha.len() >= padded);
     let index = |r: usize, j: usize| (r / group) * key_block * group + j * group + r % group;
-    // The soft-cap is lane by lane: the layout does not matter.
-    SoftCap { scores: &mut *scores, stride: 0, rows: 1, keys: padded * key_block, map }.with_simd(simd);
+    // The soft-cap is lane by lane: each panel's first `keys · group` scores, as rows of a
+    // matrix with row stride `key_block · group`.
+    let panels = padded / group;
+    SoftCap { scores: &mut *scores, stride: key_block * group, rows: panels, keys: keys * group, map }.with_simd(simd);
     for r in 0..rows {
         if let Some(seen) = visible(r) {
             for j in (0..seen.start).chain(seen.end..keys) {
