@@ -9,13 +9,17 @@ use crate::problem::Problem;
 /// Dynamic shared memory a block may have on the GPUs we target (227 KiB on Hopper and A100).
 const MAX_SHARED_BYTES: usize = 227 * 1024;
 
+/// Threads of a merge block (`VA_MERGE_THREADS`).
+const MERGE_THREADS: usize = 256;
+
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
 
-/// Keys a split must spare each block before splitting pays for its partial outputs and the
-/// merge kernel (measured on the H200 with 64-row tiles: sparing 256 keys took shape 12 from
-/// 10.4 to 13.6 µs, sparing 512 took shape 13 from 13.4 to 17.6).
-const MIN_SPARED_KEYS: usize = 1024;
+/// Scores (query rows × keys) a split must spare each split block before splitting pays for its
+/// partial outputs and the merge kernel: 1024 keys of a 64-row tile, 512 of a 128-row one
+/// (measured on the H200 with 64-row tiles: sparing 256 keys took shape 12 from 10.4 to 13.6
+/// µs, sparing 512 took shape 13 from 13.4 to 17.6).
+const MIN_SPARED_SCORES: usize = 64 * 1024;
 
 /// Which tensor-core code a kernel is built for (one file of `kernel/` each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -233,6 +237,8 @@ pub(crate) struct KernelParams {
     pub head_dim_v: i32,
     pub window_left: i32,
     pub window_right: i32,
+    pub tiles: i32,
+    pub whole_pairs: i32,
     pub splits: i32,
     pub scale_log2: f32,
     pub softcap: f32,
@@ -291,7 +297,11 @@ enum Schedule {
 pub(crate) struct Plan {
     pub variant: Variant,
     schedule: Schedule,
+    /// Query tiles of all sequences (with cu_seqlens on the device, the most there can be).
     pub tiles: usize,
+    /// The (query tile, head) pairs whose keys are split, the last ones (`va_block_work`).
+    split_pairs: usize,
+    /// Key splits of each split pair (1: none).
     pub splits: usize,
     operands: Operands,
     /// The problem's scalars, as the kernel reads them (`total_k` and `kv_heads`: K's and V's
@@ -343,22 +353,25 @@ impl Plan {
         }
         metadata.push(tiles as i32);
 
-        // Split the keys when the query tiles alone would leave multiprocessors idle, as many
-        // ways as still fit in one wave of blocks (a second, mostly empty wave would double the
-        // time: measured 56 µs for shape 0 split 3 ways into 288 blocks for 264 slots), each split
-        // keeping at least two key tiles to stream, and only where that spares the longest
-        // sequence's blocks MIN_SPARED_KEYS keys.
-        let blocks = tiles * problem.num_heads;
+        // The (query tile, head) pairs of the last wave of blocks, when it is only partly filled
+        // (all of them when the problem is smaller than one wave), split their keys: the other
+        // pairs run whole, then each of these as many ways as still fit in that one wave (a
+        // second, mostly empty wave would double its time: measured 56 µs for shape 0 split 3
+        // ways into 288 blocks for 264 slots), each split keeping at least two key tiles to
+        // stream, and only where that spares the longest sequence's blocks MIN_SPARED_SCORES.
+        let pairs = tiles * problem.num_heads;
         let slots = multiprocessors * variant.min_blocks;
+        let last_wave = pairs % slots;
         let key_tiles = longest_keys.div_ceil(variant.block_n);
         let max_splits = tuning.max_splits.unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
-        let splits = if blocks > 0 && blocks < slots && key_tiles >= 4 {
-            (slots / blocks).min(key_tiles / 2).clamp(1, max_splits)
+        let splits = if last_wave > 0 && key_tiles >= 4 {
+            (slots / last_wave).min(key_tiles / 2).clamp(1, max_splits)
         } else {
             1
         };
-        let spared_keys = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n;
-        let splits = if spared_keys >= MIN_SPARED_KEYS { splits } else { 1 };
+        let spared_scores = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n * variant.block_m();
+        let splits = if spared_scores >= MIN_SPARED_SCORES { splits } else { 1 };
+        let split_pairs = if splits > 1 { last_wave } else { 0 };
 
         // A window wider than every query-key distance is no window: clamped to that width, so
         // that the kernel's row + offset ± window cannot wrap (usize::MAX windows did, and
@@ -370,6 +383,7 @@ impl Plan {
             variant,
             schedule: Schedule::Host(metadata),
             tiles,
+            split_pairs,
             splits,
             operands,
             kv_heads: problem.num_kv_heads,
@@ -404,6 +418,7 @@ impl Plan {
         plan.schedule = Schedule::Device { cu_seqlens_q: cu_seqlens[0], cu_seqlens_k: cu_seqlens[1] };
         plan.batch = batch;
         plan.splits = 1;
+        plan.split_pairs = 0;
         plan.tiles = if problem.total_q == 0 { 0 } else { problem.total_q.div_ceil(plan.variant.block_m()) + batch };
         plan
     }
@@ -503,6 +518,8 @@ impl Plan {
             head_dim_v: self.head_dim_v as i32,
             window_left: self.window_left,
             window_right: self.window_right,
+            tiles: self.tiles as i32,
+            whole_pairs: (self.tiles * self.heads - self.split_pairs) as i32,
             splits: self.splits as i32,
             scale_log2: self.scale * core::f32::consts::LOG2_E,
             softcap: self.softcap,
@@ -517,14 +534,17 @@ impl Plan {
         params
     }
 
-    /// Grid of the attention kernel: (query tiles, heads, splits).
+    /// Grid of the attention kernel, one dimension: a block per whole (query tile, head)
+    /// pair, then `splits` per split pair.
     pub fn grid(&self) -> (u32, u32, u32) {
-        (self.tiles as u32, self.heads as u32, self.splits as u32)
+        let blocks = self.tiles * self.heads + self.split_pairs * (self.splits - 1);
+        (blocks as u32, 1, 1)
     }
 
-    /// f32 elements of the split workspace (partial outputs, then partial LSEs).
+    /// f32 elements of the split workspace (partial outputs, then partial LSEs): a tile's rows
+    /// for each split block.
     fn partial_lens(&self) -> (usize, usize) {
-        let rows = self.splits * self.total_q * self.heads;
+        let rows = self.split_pairs * self.splits * self.variant.block_m();
         (rows * self.variant.head_dim_v_pad, rows)
     }
 
@@ -542,10 +562,11 @@ impl Plan {
         [shape(&self.operands.k, self.head_dim), shape(&self.operands.v, self.head_dim_v)]
     }
 
-    /// Threads of the merge kernel and its grid, one thread per output element.
-    pub fn merge_grid(&self) -> (u32, u32) {
-        let elements = self.total_q * self.heads * self.head_dim_v;
-        (elements.div_ceil(256) as u32, 256)
+    /// The merge kernel's grid and threads (`VA_MERGE_THREADS`): a thread per element of a
+    /// tile's output rows, times the split pairs.
+    pub fn merge_grid(&self) -> ((u32, u32, u32), u32) {
+        let per_pair = (self.variant.block_m() * self.head_dim_v).div_ceil(MERGE_THREADS);
+        ((per_pair as u32, self.split_pairs as u32, 1), MERGE_THREADS as u32)
     }
 }
 
@@ -556,9 +577,9 @@ mod tests {
 
     #[test]
     fn params_match_the_kernel_struct_layout() {
-        // 11 pointers, 8 strides, 14 four-byte fields and the 195-entry array, then 4 bytes of
+        // 11 pointers, 8 strides, 16 four-byte fields and the 195-entry array, then 4 bytes of
         // padding to the 8-byte alignment, as C++ lays out VaParams.
-        assert_eq!(core::mem::size_of::<KernelParams>(), 88 + 64 + 4 * (14 + INLINE_METADATA) + 4);
+        assert_eq!(core::mem::size_of::<KernelParams>(), 88 + 64 + 4 * (16 + INLINE_METADATA) + 4);
         assert_eq!(core::mem::align_of::<KernelParams>(), 8);
     }
 
@@ -589,7 +610,8 @@ mod tests {
         let problem = Problem::new([130, 2, 72], [30, 1, 72], [30, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
         let plan = plan_on(Target::Mma, &problem);
         assert_eq!(plan.tile_start(), [0, 1, 1, 2]);
-        assert_eq!(plan.grid(), (2, 2, 1));
+        // Two tiles × two heads, one block each.
+        assert_eq!(plan.grid(), (4, 1, 1));
         assert_eq!(
             plan.variant,
             Variant {
@@ -749,8 +771,9 @@ mod tests {
 
     #[test]
     fn the_split_workspace_holds_partial_outputs_then_partial_lses() {
+        // A tile's rows for each split block: 32 tiles of 128 rows, 8 splits each.
         let plan = plan_one(Target::Mma, 4096, 1);
-        let rows = plan.splits * 4096;
+        let rows = 32 * plan.splits * 128;
         assert!(plan.splits > 1);
         assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
         let params = plan.params(None, Some(1 << 20), None);
@@ -763,8 +786,8 @@ mod tests {
     fn small_problems_with_long_keys_are_split() {
         // One head of 4096 tokens: 32 tiles of 128 rows for 264 slots, 64 key tiles of 64.
         let plan = plan_one(Target::Mma, 4096, 1);
-        assert_eq!(plan.splits, 8);
-        assert!(plan.grid().0 as usize * plan.splits <= 2 * 132);
+        assert_eq!((plan.split_pairs, plan.splits), (32, 8));
+        assert!(plan.grid().0 as usize <= 2 * 132);
         // Hopper: 64 tiles of 64 rows, 32 key tiles of 128: two splits spare 2048 keys.
         assert_eq!(plan_one(Target::Wgmma, 4096, 1).splits, 2);
         // The shortest single-head case of tests/gpu.rs's key-split suite splits on both.
@@ -796,15 +819,58 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_no_key_splits() {
-        // The configuration BENCHMARKS.md measured: 64-row tiles for shapes 11-14 and 20.
+    fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_split_only_a_last_wave() {
+        // 64-row tiles for shapes 11-14 and 20; no shape smaller than one wave is split; the
+        // pairs of a partly filled last wave are, where that spares enough (shape 1: 160 pairs,
+        // 28 past the first wave, 4 splits of its 10 key tiles; shape 2: 272, 8 past two waves).
         for shape in crate::internal::workloads::SEED_SHAPES {
             let cu = shape.cu_seqlens();
             let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
             let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
             let plan = plan_on(Target::Wgmma, &problem);
             let block_m = if [11, 12, 13, 14, 20].contains(&shape.index) { 64 } else { 128 };
-            assert_eq!((plan.variant.block_m(), plan.splits), (block_m, 1), "shape {}", shape.index);
+            let pairs = plan.tiles * plan.heads;
+            assert_eq!(plan.variant.block_m(), block_m, "shape {}", shape.index);
+            if pairs <= 132 {
+                assert_eq!(plan.splits, 1, "shape {}", shape.index);
+            }
+            if plan.splits > 1 {
+                assert_eq!(plan.split_pairs, pairs % 132, "shape {}", shape.index);
+                assert!(plan.split_pairs * plan.splits <= 132, "shape {}: one wave", shape.index);
+            }
+            let params = plan.params(None, None, None);
+            assert_eq!(params.whole_pairs as usize, pairs - plan.split_pairs);
+            assert_eq!(plan.grid().0 as usize, pairs + plan.split_pairs * (plan.splits - 1));
+            match shape.index {
+                1 => assert_eq!((plan.split_pairs, plan.splits, plan.grid().0), (28, 4, 244)),
+                2 => assert_eq!((plan.split_pairs, plan.splits, plan.grid().0), (8, 8, 328)),
+                _ => {}
+            }
         }
+    }
+
+    #[test]
+    fn a_batchs_last_wave_splits_across_sequences() {
+        // tests/gpu.rs's batch: 10 + 6 + 3 + 1 tiles × 16 heads = 320 pairs, 56 past two waves:
+        // two splits of the longest sequence's 10 key tiles.
+        let lengths = [0, 1200, 1900, 2200, 2201];
+        let problem =
+            Problem::new([2201, 16, 72], [2201, 4, 72], [2201, 4, 72], &lengths, &lengths, &Params::default()).unwrap();
+        let plan = plan_on(Target::Wgmma, &problem);
+        assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.grid().0), (20, 56, 2, 320 + 56));
+        let params = plan.params(None, Some(1 << 20), None);
+        assert_eq!((params.tiles, params.whole_pairs, params.splits), (20, 264, 2));
+        assert_eq!(plan.workspace_bytes(), 4 * 56 * 2 * 128 * (72 + 1));
+        // 128 rows × 72 columns of each of the 56 pairs, a thread each.
+        assert_eq!(plan.merge_grid(), ((36, 56, 1), 256));
+        // The switch that turns splits off runs every pair whole.
+        let whole = Plan::new(
+            &problem,
+            false,
+            Gpu { target: Target::Wgmma, multiprocessors: 132 },
+            &Tuning { max_splits: Some(1), ..Tuning::default() },
+            Operands::default(),
+        );
+        assert_eq!((whole.split_pairs, whole.grid().0, whole.workspace_bytes()), (0, 320, 0));
     }
 }

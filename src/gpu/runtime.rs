@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 /// The kernels of one compiled variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Entry {
-    /// `va_attention_forward`: one block per (query tile, head, key split).
+    /// `va_attention_forward`: one block per (query tile, head) pair or key split of one.
     Attention,
-    /// `va_attention_merge`: combines the key splits, one thread per output element.
+    /// `va_attention_merge`: combines the key splits, one thread per output element of the split pairs.
     Merge,
     /// `va_plan_tiles`: checks cu_seqlens on the device and writes `tile_start`, one block.
     PlanTiles,
@@ -128,8 +128,8 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
     // allocations of this runtime sized by the plan, freed stream-ordered after the kernels.
     unsafe { runtime.launch(&kernels, Entry::Attention, dims, &params, maps.as_ref().map(|(m, tma)| (m, *tma)))? };
     if plan.splits > 1 {
-        let (blocks, threads) = plan.merge_grid();
-        let dims = Dims { grid: (blocks.max(1), 1, 1), threads, shared_bytes: 0 };
+        let (grid, threads) = plan.merge_grid();
+        let dims = Dims { grid, threads, shared_bytes: 0 };
         // SAFETY: as above; the merge reads the workspace the attention kernel wrote.
         unsafe { runtime.launch(&kernels, Entry::Merge, dims, &params, None)? };
     }

@@ -1,14 +1,14 @@
 // Variable-length multi-head attention, forward pass: FlashAttention-2's structure (on Hopper,
 // FlashAttention-3's: see tile_wgmma.h).
 //
-// One block per (query tile of BLOCK_M rows, head, key split), the query tiles of all sequences
-// numbered one after another (`tile_start`, the prefix sums of each sequence's tile count), so a
-// batch of many short sequences is one launch with no idle blocks. Each warp owns 16 or 32 query
+// One block per (query tile of BLOCK_M rows, head) pair, or per key split of one, the query
+// tiles of all sequences numbered one after another (`tile_start`, the prefix sums of each
+// sequence's tile count), so a batch of many short sequences is one launch with no idle blocks. Each warp owns 16 or 32 query
 // rows; K/V tiles of BLOCK_N keys stream through shared memory, double-buffered with
 // asynchronous copies; scores, the online softmax (base-2, scale folded in) and the output
-// accumulate in f32 registers; O and the LSE are written once. With key splits (small problems
-// that would leave the GPU idle), each split writes a partial result and `va_attention_merge`
-// combines them by their LSE.
+// accumulate in f32 registers; O and the LSE are written once. With key splits (the pairs of a
+// last, partly filled wave of blocks, or of a problem smaller than one wave), each split writes
+// a partial result and `va_attention_merge` combines them by their LSE.
 //
 // This file holds the two entry points; each concern has a header of its own:
 //   params.h      compile-time constants and the parameter block (`VaParams`, `VaTile`),
@@ -54,10 +54,11 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
 
     // With cu_seqlens on the device the grid is an upper bound: blocks past the last tile (all
     // of them when the cu_seqlens were refused) have nothing to do.
-    const int sequence = va_tile_sequence(p, blockIdx.x);
+    const VaWork work = va_block_work(p, blockIdx.x);
+    const int sequence = va_tile_sequence(p, work.tile_index);
     if (sequence < 0) return;
 
-    const VaTile tile = va_schedule_tile(p, sequence, blockIdx.x, blockIdx.y, blockIdx.z);
+    const VaTile tile = va_schedule_tile(p, sequence, work);
 
 #if defined(VA_AMD)
     va_attention_tile_mfma(p, tile, smem);

@@ -132,7 +132,7 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
         // One division per row (an IEEE division is a dozen instructions and a slow-path call;
         // per element they were most of the epilogue's code).
         const float inv = seen ? 1.0f / sum : 0.0f;
-        if (p.splits == 1) {
+        if (tile.slot < 0) {
             va_u16* dst = p.out + (va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
@@ -146,14 +146,14 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
             }
             if (t == 0 && p.lse) p.lse[(va_i64)tile.head * p.total_q + token] = lse;
         } else {
-            float* dst = p.partial_out + (((va_i64)tile.split * p.total_q + token) * p.heads + tile.head) * VA_HEAD_DIM_V_PAD;
+            const va_i64 partial = va_partial_row(tile, r.row[i]);
+            float* dst = p.partial_out + partial * VA_HEAD_DIM_V_PAD;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
                 const int col = n * 8 + 2 * t;
-                dst[col] = o[n][2 * i] * inv;
-                dst[col + 1] = o[n][2 * i + 1] * inv;
+                *reinterpret_cast<float2*>(dst + col) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
             }
-            if (t == 0) p.partial_lse[((va_i64)tile.split * p.heads + tile.head) * p.total_q + token] = lse;
+            if (t == 0) p.partial_lse[partial] = lse;
         }
     }
 }

@@ -67,8 +67,8 @@ struct VaParams {
     const va_u16* v;
     va_u16* out;
     float* lse;              // [heads][total_q], or null
-    float* partial_out;      // [splits][total_q][heads][VA_HEAD_DIM_V_PAD] with splits > 1
-    float* partial_lse;      // [splits][heads][total_q] with splits > 1
+    float* partial_out;      // [split blocks][VA_BLOCK_M][VA_HEAD_DIM_V_PAD] with splits > 1
+    float* partial_lse;      // [split blocks][VA_BLOCK_M] with splits > 1
     const int* cu_seqlens_q;
     const int* cu_seqlens_k;
     // [batch + 1]: first query tile of each sequence. With cu_seqlens on the device, the
@@ -84,6 +84,11 @@ struct VaParams {
     int batch, heads, group, total_q, total_k;
     int head_dim, head_dim_v;
     int window_left, window_right; // -1: unbounded
+    // The grid's blocks, one after another: the first `whole_pairs` (query tile, head) pairs
+    // whole, then each later pair's keys in `splits` blocks (`va_block_work`). Pair i is query
+    // tile i % tiles of head i / tiles.
+    int tiles;
+    int whole_pairs;
     int splits;
     float scale_log2;        // softmax scale times log2(e) (no soft-cap)
     float softcap;           // 0: none
@@ -124,8 +129,12 @@ struct VaTile {
     int lq, lk;       // its query and key lengths
     int m0;           // the tile's first row within the sequence
     int offset;       // lk - lq: masks align bottom-right
-    int head, split;
+    int head;
+    int slot;           // the split block's partial output (`VaWork::slot`), -1 for a whole pair
     int j_begin, j_end; // key tiles [j_begin, j_end) of BLOCK_N keys
     int k_start;        // the sequence's first key token
     int kv_head;
 };
+
+// A split block's row of the partial outputs and LSEs, for row `row` of its sequence.
+VA_DEVICE va_i64 va_partial_row(const VaTile& tile, int row) { return (va_i64)tile.slot * VA_BLOCK_M + (row - tile.m0); }

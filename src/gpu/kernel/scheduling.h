@@ -1,6 +1,6 @@
-// Which work a block does: the sequence and query tile of its index (the query tiles of all
-// sequences are numbered one after another, `tile_start` holding each sequence's first), and
-// the key tiles of its split.
+// Which work a block does: the (query tile, head) pair and key split of its index, the
+// sequence of that query tile (the query tiles of all sequences are numbered one after another,
+// `tile_start` holding each sequence's first), and the key tiles of its split.
 
 #pragma once
 
@@ -68,8 +68,33 @@ VA_DEVICE int va_tile_sequence(const VaParams& p, int tile_index) {
     return lo;
 }
 
-// The tile of block (tile_index, head, split), whose sequence is `b` (`va_tile_sequence`).
-VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, int tile_index, int head, int split) {
+// The work of one block: a (query tile, head) pair and which of its key splits.
+struct VaWork {
+    int tile_index, head;
+    int split, splits; // this block's share of the pair's key tiles: split of splits
+    int slot;          // split blocks: their index after the whole pairs' (partial outputs); else -1
+};
+
+// Block `block`'s work. The whole pairs come first and the split ones last, so that the blocks
+// of a last, partly filled wave (launched last) are the split ones: a wave of 160 pairs on 132
+// multiprocessors runs 132 of them whole, then the other 28 as 4 × 28 blocks of a quarter of
+// the keys each, instead of 28 whole blocks on an otherwise idle GPU.
+VA_DEVICE VaWork va_block_work(const VaParams& p, int block) {
+    VaWork work;
+    const bool whole = block < p.whole_pairs;
+    const int slot = block - p.whole_pairs;
+    const int pair = whole ? block : p.whole_pairs + slot / p.splits;
+    work.tile_index = pair % p.tiles;
+    work.head = pair / p.tiles;
+    work.split = whole ? 0 : slot % p.splits;
+    work.splits = whole ? 1 : p.splits;
+    work.slot = whole ? -1 : slot;
+    return work;
+}
+
+// The tile of `work`, whose sequence is `b` (`va_tile_sequence`).
+VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, const VaWork& work) {
+    const int tile_index = work.tile_index, head = work.head;
     VaTile tile;
     tile.q_start = va_metadata(p, 0, b);
     tile.lq = va_metadata(p, 0, b + 1) - tile.q_start;
@@ -78,16 +103,16 @@ VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, int tile_index, int 
     tile.m0 = (tile_index - va_metadata(p, 2, b)) * VA_BLOCK_M;
     tile.offset = tile.lk - tile.lq;
     tile.head = head;
-    tile.split = split;
+    tile.slot = work.slot;
 
     // Keys seen by any row of this tile, then this split's share of their tiles.
     const int last_row = min(tile.m0 + VA_BLOCK_M, tile.lq) - 1;
     const int n_lo = va_visible_keys(p, tile, tile.m0).first, n_hi = va_visible_keys(p, tile, last_row).last + 1;
     const int first_block = n_lo / VA_BLOCK_N;
     const int blocks = n_hi > n_lo ? (n_hi + VA_BLOCK_N - 1) / VA_BLOCK_N - first_block : 0;
-    const int per_split = (blocks + p.splits - 1) / p.splits;
-    tile.j_begin = first_block + min(blocks, split * per_split);
-    tile.j_end = first_block + min(blocks, (split + 1) * per_split);
+    const int per_split = (blocks + work.splits - 1) / work.splits;
+    tile.j_begin = first_block + min(blocks, work.split * per_split);
+    tile.j_end = first_block + min(blocks, (work.split + 1) * per_split);
 
     const int kv_head = head / p.group;
     tile.k_start = k_start;

@@ -111,17 +111,17 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
         for (int n = 0; n < NO; ++n) {
             const int c = n * 16 + col;
             const float value = seen ? o[n][i] / sum : 0.0f;
-            if (p.splits == 1) {
+            if (tile.slot < 0) {
                 if (c < p.head_dim_v) p.out[(va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride + c] = va_from_float(value);
             } else {
-                p.partial_out[(((va_i64)tile.split * p.total_q + token) * p.heads + tile.head) * VA_HEAD_DIM_V_PAD + c] = value;
+                p.partial_out[va_partial_row(tile, row) * VA_HEAD_DIM_V_PAD + c] = value;
             }
         }
         if (col == 0) {
-            if (p.splits == 1) {
+            if (tile.slot < 0) {
                 if (p.lse) p.lse[(va_i64)tile.head * p.total_q + token] = lse;
             } else {
-                p.partial_lse[((va_i64)tile.split * p.heads + tile.head) * p.total_q + token] = lse;
+                p.partial_lse[va_partial_row(tile, row)] = lse;
             }
         }
     }
