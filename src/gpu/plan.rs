@@ -195,9 +195,9 @@ impl Variant {
     /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, the
     /// stages of K and V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows
     /// are padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their
-    /// alignment, and its 8-byte barriers (four per stage and Q's) follow the tiles.
+    /// alignment, and its 8-byte barriers (four per stage and Q's two) follow the tiles.
     pub fn shared_bytes(&self) -> usize {
-        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 8 * (4 * self.stages + 1)) } else { (8, 0) };
+        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 8 * (4 * self.stages + 2)) } else { (8, 0) };
         let (q_stride, v_stride) = (self.head_dim_pad + pad, self.head_dim_v_pad + pad);
         let staging = if self.target == Target::Mfma { self.block_m() * self.block_n } else { 0 };
         let stages = self.stages * self.block_n * (q_stride + v_stride);
@@ -303,6 +303,9 @@ pub(crate) struct Plan {
     split_pairs: usize,
     /// Key splits of each split pair (1: none).
     pub splits: usize,
+    /// Blocks of a persistent grid (one per multiprocessor's slot, each walking several units
+    /// of work; Hopper), or `None` for a block per unit.
+    persistent_blocks: Option<usize>,
     operands: Operands,
     /// The problem's scalars, as the kernel reads them (`total_k` and `kv_heads`: K's and V's
     /// rows and heads, also what their tensor maps describe on Hopper).
@@ -372,6 +375,9 @@ impl Plan {
         let spared_scores = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n * variant.block_m();
         let splits = if spared_scores >= MIN_SPARED_SCORES { splits } else { 1 };
         let split_pairs = if splits > 1 { last_wave } else { 0 };
+        // Hopper's blocks walk several tiles each, the copying warpgroup loading the next
+        // tile's Q and keys while the computing ones finish the last: a grid of one wave.
+        let persistent_blocks = (target == Target::Wgmma && !tuning.no_persistent).then_some(slots);
 
         // A window wider than every query-key distance is no window: clamped to that width, so
         // that the kernel's row + offset ± window cannot wrap (usize::MAX windows did, and
@@ -385,6 +391,7 @@ impl Plan {
             tiles,
             split_pairs,
             splits,
+            persistent_blocks,
             operands,
             kv_heads: problem.num_kv_heads,
             batch: problem.batch(),
@@ -534,11 +541,17 @@ impl Plan {
         params
     }
 
-    /// Grid of the attention kernel, one dimension: a block per whole (query tile, head)
-    /// pair, then `splits` per split pair.
+    /// Units of work of the attention kernel: one per whole (query tile, head) pair, then
+    /// `splits` per split pair (`va_units`).
+    pub fn units(&self) -> usize {
+        self.tiles * self.heads + self.split_pairs * (self.splits - 1)
+    }
+
+    /// Grid of the attention kernel, one dimension: a block per unit of work, or a persistent
+    /// grid of at most one wave whose blocks take every `grid`-th unit.
     pub fn grid(&self) -> (u32, u32, u32) {
-        let blocks = self.tiles * self.heads + self.split_pairs * (self.splits - 1);
-        (blocks as u32, 1, 1)
+        let units = self.units();
+        (self.persistent_blocks.map_or(units, |blocks| blocks.min(units)) as u32, 1, 1)
     }
 
     /// f32 elements of the split workspace (partial outputs, then partial LSEs): a tile's rows
@@ -635,8 +648,8 @@ mod tests {
         let v = Variant::new(72, 72, false, Target::Wgmma);
         assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 384));
         // Q, three K tiles, three V tiles of bf16, no row padding: (128·80 + 3·128·80 + 3·128·72)
-        // · 2, 1 KiB to align the swizzled atoms, and 13 barriers.
-        assert_eq!((v.stages, v.shared_bytes()), (3, 137216 + 1024 + 104));
+        // · 2, 1 KiB to align the swizzled atoms, and 14 barriers.
+        assert_eq!((v.stages, v.shared_bytes()), (3, 137216 + 1024 + 112));
         // Three stages of 128 columns still fit (Q 32 KiB, K and V 3 · 64 KiB); 256 do not.
         assert_eq!(Variant::new(128, 128, false, Target::Wgmma).stages, 3);
         assert_eq!(Variant::new(256, 256, false, Target::Wgmma).stages, 2);
@@ -840,10 +853,12 @@ mod tests {
             }
             let params = plan.params(None, None, None);
             assert_eq!(params.whole_pairs as usize, pairs - plan.split_pairs);
-            assert_eq!(plan.grid().0 as usize, pairs + plan.split_pairs * (plan.splits - 1));
+            assert_eq!(plan.units(), pairs + plan.split_pairs * (plan.splits - 1));
+            // A persistent grid: at most a block per multiprocessor.
+            assert_eq!(plan.grid().0 as usize, plan.units().min(132));
             match shape.index {
-                1 => assert_eq!((plan.split_pairs, plan.splits, plan.grid().0), (28, 4, 244)),
-                2 => assert_eq!((plan.split_pairs, plan.splits, plan.grid().0), (8, 8, 328)),
+                1 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (28, 4, 244)),
+                2 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (8, 8, 328)),
                 _ => {}
             }
         }
@@ -857,7 +872,7 @@ mod tests {
         let problem =
             Problem::new([2201, 16, 72], [2201, 4, 72], [2201, 4, 72], &lengths, &lengths, &Params::default()).unwrap();
         let plan = plan_on(Target::Wgmma, &problem);
-        assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.grid().0), (20, 56, 2, 320 + 56));
+        assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.units()), (20, 56, 2, 320 + 56));
         let params = plan.params(None, Some(1 << 20), None);
         assert_eq!((params.tiles, params.whole_pairs, params.splits), (20, 264, 2));
         assert_eq!(plan.workspace_bytes(), 4 * 56 * 2 * 128 * (72 + 1));
@@ -871,6 +886,19 @@ mod tests {
             &Tuning { max_splits: Some(1), ..Tuning::default() },
             Operands::default(),
         );
-        assert_eq!((whole.split_pairs, whole.grid().0, whole.workspace_bytes()), (0, 320, 0));
+        assert_eq!((whole.split_pairs, whole.units(), whole.workspace_bytes()), (0, 320, 0));
+        // Without the persistent grid, a block per unit.
+        let blocks = |tuning: Tuning| {
+            Plan::new(
+                &problem,
+                false,
+                Gpu { target: Target::Wgmma, multiprocessors: 132 },
+                &tuning,
+                Operands::default(),
+            )
+            .grid()
+        };
+        assert_eq!(blocks(Tuning::default()), (132, 1, 1));
+        assert_eq!(blocks(Tuning { no_persistent: true, ..Tuning::default() }), (376, 1, 1));
     }
 }

@@ -136,7 +136,7 @@ mod tests {
     fn the_source_has_every_header_inlined() {
         let source = super::kernel_source();
         assert!(!source.contains("#include \""), "a local header was left as an include");
-        for name in ["va_attention_tile_wgmma", "va_attention_tile_mma", "va_attention_tile_mfma", "va_copy16"] {
+        for name in ["va_attention_wgmma", "va_attention_tile_mma", "va_attention_tile_mfma", "va_copy16"] {
             assert!(source.contains(name), "{name} is missing");
         }
     }

@@ -8,6 +8,7 @@
 //! | `VARLEN_ATTN_GPU_STAGES=2` | Hopper keeps two K/V stages in shared memory, not three |
 //! | `VARLEN_ATTN_GPU_BLOCK_M=128` or `=64` | Hopper uses 128-row (or 64-row) query tiles whatever the problem |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
+//! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
 
 use std::path::PathBuf;
@@ -22,6 +23,8 @@ pub(crate) struct Tuning {
     /// Hopper's query tile rows, 64 or 128, instead of the problem's choice.
     pub block_m: Option<usize>,
     pub max_splits: Option<usize>,
+    /// Hopper launches a block per unit of work instead of a persistent grid.
+    pub no_persistent: bool,
     pub dump_ptx: Option<PathBuf>,
 }
 
@@ -41,6 +44,7 @@ impl Tuning {
             two_stages: is("VARLEN_ATTN_GPU_STAGES", "2"),
             block_m: lookup("VARLEN_ATTN_GPU_BLOCK_M").and_then(|m| m.parse().ok()).filter(|m| [64, 128].contains(m)),
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
+            no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
         }
     }
@@ -61,13 +65,14 @@ mod tests {
                     "VARLEN_ATTN_GPU_STAGES" => "2",
                     "VARLEN_ATTN_GPU_BLOCK_M" => "128",
                     "VARLEN_ATTN_GPU_SPLITS" => "1",
+                    "VARLEN_ATTN_GPU_PERSISTENT" => "0",
                     _ => "/tmp/ptx",
                 }
                 .to_string(),
             )
         };
         let all = Tuning::from(env);
-        assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128));
+        assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128) && all.no_persistent);
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);

@@ -52,6 +52,10 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
     va_attention_forward(VA_GRID_CONSTANT const VaParams p VA_TMA_PARAMETERS) {
     extern __shared__ __align__(128) va_u16 smem[];
 
+#if VA_WGMMA
+    // Hopper: the block's warpgroups walk its units themselves (`va_for_each_tile`).
+    va_attention_wgmma(p, smem, &k_map, &v_map, tma != 0);
+#else
     // With cu_seqlens on the device the grid is an upper bound: blocks past the last tile (all
     // of them when the cu_seqlens were refused) have nothing to do.
     const VaWork work = va_block_work(p, blockIdx.x);
@@ -59,13 +63,11 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
     if (sequence < 0) return;
 
     const VaTile tile = va_schedule_tile(p, sequence, work);
-
 #if defined(VA_AMD)
     va_attention_tile_mfma(p, tile, smem);
-#elif VA_WGMMA
-    va_attention_tile_wgmma(p, tile, smem, &k_map, &v_map, tma != 0);
 #else
     va_attention_tile_mma(p, tile, smem);
+#endif
 #endif
 }
 

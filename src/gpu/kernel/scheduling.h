@@ -123,3 +123,19 @@ VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, const VaWork& work) 
 
     return tile;
 }
+
+// Work units of the launch: a block per whole pair, `splits` per split pair.
+VA_DEVICE int va_units(const VaParams& p) { return p.whole_pairs + (p.tiles * p.heads - p.whole_pairs) * p.splits; }
+
+// Calls `run(tile)` for each unit of this block that has a tile: units blockIdx.x,
+// blockIdx.x + gridDim.x, ... (one where the grid has a block per unit; on Hopper the host may
+// launch one block per multiprocessor, which then overlaps one tile's end with the next one's
+// loads).
+template <typename F> VA_DEVICE void va_for_each_tile(const VaParams& p, F run) {
+    const int units = va_units(p);
+    for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+        const VaWork work = va_block_work(p, unit);
+        const int sequence = va_tile_sequence(p, work.tile_index);
+        if (sequence >= 0) run(va_schedule_tile(p, sequence, work));
+    }
+}

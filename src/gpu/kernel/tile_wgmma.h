@@ -129,6 +129,8 @@ VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&
 
 // The block's shared memory: Q, VA_STAGES stages each of K and V, and their barriers ("full": the
 // copies of a stage, or of Q, have landed; "empty": every computing warp is done reading it).
+// A block works through several tiles (`va_for_each_tile`): the key tiles are counted across
+// them, and Q is refilled once per tile that has keys (its "round").
 struct VaWgmmaSmem {
     static constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
     static constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
@@ -140,15 +142,18 @@ struct VaWgmmaSmem {
     va_u64* k_empty;
     va_u64* v_empty;
     va_u64* q_full;
+    va_u64* q_empty;
 };
 
-// Key tile i of the block (counted from its first) sits in stage i % VA_STAGES, whose barriers
-// are then in their phase i / VA_STAGES.
+// Key tile n of the block (counted from its first tile's first) sits in stage n % VA_STAGES,
+// whose barriers are then in their phase n / VA_STAGES; Q's round r in phase r of its own.
 VA_DEVICE int va_stage(int i) { return i % VA_STAGES; }
 VA_DEVICE int va_phase(int i) { return (i / VA_STAGES) & 1; }
 
-// The copying warpgroup: streams Q, then the block's K and V tiles into the stages, each
-// into a stage as soon as every computing warp has finished reading it. A tile of keys that all
+// The copying warpgroup: for each of the block's tiles, streams Q (as soon as every computing
+// warp has the previous tile's last scores), then its K and V tiles into the stages, each
+// into a stage as soon as every computing warp has finished reading it: the next tile's Q and
+// first keys land while the computing warps finish the last one's values and write it. A tile of keys that all
 // belong to the sequence comes by TMA (one thread issues a box per 64-column slab) where the
 // host encoded tensor maps, its tail columns by cp.async; a tile that runs past the sequence's
 // end comes wholly by cp.async with zero-fill, so that nothing of the next sequence enters.
@@ -157,14 +162,14 @@ VA_DEVICE int va_phase(int i) { return (i / VA_STAGES) & 1; }
 // faster at head_dim 72, 6% slower at 128, whose larger values then arrive late; where between
 // the two it turns is not measured). A stage's "full" barrier counts one arrival from the
 // first copying thread (with the TMA bytes it expects) and one per copying thread's cp.async.
-// Key (or value) tile i of the block into its stage, by the copying warpgroup.
+// Key (or value) tile i of the tile, the block's n-th, into its stage, by the copying warpgroup.
 template <int WIDTH>
 VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, int tile_elems, va_u64* full, va_u64* empty, const VaTensorMap* map,
-                             const va_u16* base, va_i64 token_stride, int dims, int i, int thread, bool tma) {
+                             const va_u16* base, va_i64 token_stride, int dims, int i, int n, int thread, bool tma) {
     using T = VaCoreTile<VA_BLOCK_N, WIDTH>;
-    const int stage = va_stage(i), key0 = (tile.j_begin + i) * VA_BLOCK_N;
+    const int stage = va_stage(n), key0 = (tile.j_begin + i) * VA_BLOCK_N;
     va_u16* dst = stages + stage * tile_elems;
-    va_mbarrier_wait(&empty[stage], va_phase(i) ^ 1);
+    va_mbarrier_wait(&empty[stage], va_phase(n) ^ 1);
     if (T::SLABS > 0 && tma && key0 + VA_BLOCK_N <= tile.lk) {
         if (thread == 0) {
             va_mbarrier_arrive_expect_tx(&full[stage], T::SLABS * VA_BLOCK_N * 128);
@@ -180,35 +185,42 @@ VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, int tile_elems,
 }
 
 #define VA_KEYS_AHEAD (VA_HEAD_DIM_PAD <= 96)
-VA_DEVICE void va_produce_tiles(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, const VaTensorMap* k_map,
-                                const VaTensorMap* v_map, bool tma) {
+VA_DEVICE void va_produce_tiles(const VaParams& p, const VaWgmmaSmem& sm, const VaTensorMap* k_map, const VaTensorMap* v_map,
+                                bool tma) {
     va_registers_release<VA_PRODUCER_REGISTERS>();
-    const int thread = threadIdx.x - VA_THREADS, tiles = tile.j_end - tile.j_begin;
-    if (tiles == 0) return;
+    const int thread = threadIdx.x - VA_THREADS;
     if (tma && thread == 0) {
         va_prefetch_tensor_map(k_map);
         va_prefetch_tensor_map(v_map);
     }
-    va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS>(sm.q, thread, tile.q, p.q_token_stride, tile.m0, tile.lq,
-                                                                        p.head_dim);
-    va_copy_arrive(sm.q_full);
-    const auto load_keys = [&](int i) {
-        va_load_stage<VA_HEAD_DIM_PAD>(tile, sm.k, VaWgmmaSmem::K_TILE, sm.k_full, sm.k_empty, k_map, tile.k, p.k_token_stride,
-                                       p.head_dim, i, thread, tma);
-    };
-    const auto load_values = [&](int i) {
-        va_load_stage<VA_HEAD_DIM_V_PAD>(tile, sm.v, VaWgmmaSmem::V_TILE, sm.v_full, sm.v_empty, v_map, tile.v, p.v_token_stride,
-                                         p.head_dim_v, i, thread, tma);
-    };
-    if (VA_KEYS_AHEAD) load_keys(0);
-    for (int i = 0; i < tiles; ++i) {
-        if (!VA_KEYS_AHEAD) {
-            load_keys(i);
-        } else if (i + 1 < tiles) {
-            load_keys(i + 1);
+    int first = 0, round = 0; // the block's key tiles and Q rounds so far
+    va_for_each_tile(p, [&](const VaTile& tile) {
+        const int tiles = tile.j_end - tile.j_begin;
+        if (tiles == 0) return;
+        va_mbarrier_wait(sm.q_empty, (round & 1) ^ 1);
+        va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS>(sm.q, thread, tile.q, p.q_token_stride, tile.m0, tile.lq,
+                                                                            p.head_dim);
+        va_copy_arrive(sm.q_full);
+        const auto load_keys = [&](int i) {
+            va_load_stage<VA_HEAD_DIM_PAD>(tile, sm.k, VaWgmmaSmem::K_TILE, sm.k_full, sm.k_empty, k_map, tile.k, p.k_token_stride,
+                                           p.head_dim, i, first + i, thread, tma);
+        };
+        const auto load_values = [&](int i) {
+            va_load_stage<VA_HEAD_DIM_V_PAD>(tile, sm.v, VaWgmmaSmem::V_TILE, sm.v_full, sm.v_empty, v_map, tile.v, p.v_token_stride,
+                                             p.head_dim_v, i, first + i, thread, tma);
+        };
+        if (VA_KEYS_AHEAD) load_keys(0);
+        for (int i = 0; i < tiles; ++i) {
+            if (!VA_KEYS_AHEAD) {
+                load_keys(i);
+            } else if (i + 1 < tiles) {
+                load_keys(i + 1);
+            }
+            load_values(i);
         }
-        load_values(i);
-    }
+        first += tiles;
+        ++round;
+    });
     va_copy_wait_all();
 }
 
@@ -219,9 +231,12 @@ VA_DEVICE void va_wait_stage(va_u64* full, int i) {
     va_fence_proxy_async();
 }
 
-// One arrival per computing warp: this warp's products have read the stage.
+// One arrival per computing warp: this warp's products have read the stage (or Q).
 VA_DEVICE void va_release_stage(va_u64* empty, int i) {
     if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(&empty[va_stage(i)]);
+}
+VA_DEVICE void va_release_q(const VaWgmmaSmem& sm) {
+    if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(sm.q_empty);
 }
 
 // Two computing warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong): a
@@ -262,11 +277,11 @@ VA_DEVICE void va_issue_values(float (&o)[NO][4], const va_u32 (&pf)[VA_BLOCK_N 
     va_wgmma_commit();
 }
 
-// A computing warpgroup: its 64 query rows against every key tile of the block. The score
-// product of tile i runs alongside the value product of tile i - 1 (FlashAttention-3's
-// intra-warpgroup overlap): the softmax of tile i waits only for the scores, then the values.
-VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm) {
-    va_registers_claim<VA_CONSUMER_REGISTERS>();
+// A computing warpgroup: its 64 query rows of one tile against the tile's key tiles, the
+// block's from `first` on, with Q's round `round`. The score product of key tile i runs
+// alongside the value product of tile i - 1 (FlashAttention-3's intra-warpgroup overlap): the
+// softmax of tile i waits only for the scores, then the values.
+VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, int first, int round) {
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
@@ -299,52 +314,77 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaTile& tile, const VaW
             for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_probability_fragment(pf[kk], s, kk);
         };
 
+        // The scores of key tile i have been read into registers: its K stage is free, and
+        // after the tile's last, Q's buffer.
+        const auto scores_read = [&](int i) {
+            va_release_stage(sm.k_empty, first + i);
+            if (i == tiles - 1) va_release_q(sm);
+        };
+
         if (group == 1) va_pass_turn(group); // warpgroup 0 goes first
-        va_mbarrier_wait(sm.q_full, 0);
-        va_wait_stage(sm.k_full, 0);
+        va_mbarrier_wait(sm.q_full, round & 1);
+        va_wait_stage(sm.k_full, first);
         va_take_turn(group);
-        va_issue_scores(s, sm.q, q_first, sm.k + va_stage(0) * VaWgmmaSmem::K_TILE);
+        va_issue_scores(s, sm.q, q_first, sm.k + va_stage(first) * VaWgmmaSmem::K_TILE);
         va_pass_turn(group);
         va_wgmma_wait<0>();
         va_fence_registers(s_flat);
-        va_release_stage(sm.k_empty, 0);
+        scores_read(0);
         softmax(0);
         probabilities();
 
         for (int i = 1; i < tiles; ++i) {
-            va_wait_stage(sm.k_full, i);
+            const int n = first + i;
+            va_wait_stage(sm.k_full, n);
             va_take_turn(group);
-            va_issue_scores(s, sm.q, q_first, sm.k + va_stage(i) * VaWgmmaSmem::K_TILE);
+            va_issue_scores(s, sm.q, q_first, sm.k + va_stage(n) * VaWgmmaSmem::K_TILE);
             va_rescale_fragment(o, alpha);
-            va_wait_stage(sm.v_full, i - 1);
-            va_issue_values(o, pf, sm.v + va_stage(i - 1) * VaWgmmaSmem::V_TILE);
+            va_wait_stage(sm.v_full, n - 1);
+            va_issue_values(o, pf, sm.v + va_stage(n - 1) * VaWgmmaSmem::V_TILE);
             va_pass_turn(group);
             va_wgmma_wait<1>(); // the scores
             va_fence_registers(s_flat);
-            va_release_stage(sm.k_empty, i);
+            scores_read(i);
             softmax(i);
             va_wgmma_wait<0>(); // the values
             va_fence_registers(o_flat);
-            va_release_stage(sm.v_empty, i - 1);
+            va_release_stage(sm.v_empty, n - 1);
             probabilities();
         }
 
+        const int last = first + tiles - 1;
         va_rescale_fragment(o, alpha);
-        va_wait_stage(sm.v_full, tiles - 1);
+        va_wait_stage(sm.v_full, last);
         va_take_turn(group);
-        va_issue_values(o, pf, sm.v + va_stage(tiles - 1) * VaWgmmaSmem::V_TILE);
+        va_issue_values(o, pf, sm.v + va_stage(last) * VaWgmmaSmem::V_TILE);
         // Named barriers must balance: warpgroup 0 passes its last turn to warpgroup 1, whose
         // own last pass would have no taker.
         if (group == 0) va_pass_turn(group);
         va_wgmma_wait<0>();
         va_fence_registers(o_flat);
+        va_release_stage(sm.v_empty, last);
     }
 
     va_store_fragment(p, tile, o, rows, factor, t);
 }
 
-VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va_u16* smem, const VaTensorMap* k_map,
-                                       const VaTensorMap* v_map, bool tma) {
+// The computing warpgroups' part of the block: each of its tiles in turn.
+VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm) {
+    va_registers_claim<VA_CONSUMER_REGISTERS>();
+    int first = 0, round = 0; // as the copying warpgroup counts them
+    va_for_each_tile(p, [&](const VaTile& tile) {
+        va_consume_tile(p, tile, sm, first, round);
+        const int tiles = tile.j_end - tile.j_begin;
+        if (tiles > 0) {
+            first += tiles;
+            ++round;
+        }
+    });
+}
+
+// The Hopper block: its shared memory and barriers, then the copying and computing warpgroups
+// each through the block's tiles.
+VA_DEVICE void va_attention_wgmma(const VaParams& p, va_u16* smem, const VaTensorMap* k_map, const VaTensorMap* v_map, bool tma) {
     // Swizzled atoms must start on 1024 bytes: the host allots 1 KiB more for the alignment.
     smem += ((1024 - (va_smem_addr(smem) & 1023)) & 1023) / 2;
     VaWgmmaSmem sm;
@@ -356,6 +396,7 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
     sm.k_empty = sm.k_full + 2 * VA_STAGES;
     sm.v_empty = sm.k_full + 3 * VA_STAGES;
     sm.q_full = sm.k_full + 4 * VA_STAGES;
+    sm.q_empty = sm.q_full + 1;
     if (threadIdx.x == 0) {
         for (int stage = 0; stage < VA_STAGES; ++stage) {
             va_mbarrier_init(&sm.k_full[stage], VA_PRODUCER_THREADS + 1);
@@ -364,12 +405,13 @@ VA_DEVICE void va_attention_tile_wgmma(const VaParams& p, const VaTile& tile, va
             va_mbarrier_init(&sm.v_empty[stage], VA_WARPS);
         }
         va_mbarrier_init(sm.q_full, VA_PRODUCER_THREADS);
+        va_mbarrier_init(sm.q_empty, VA_WARPS);
     }
     va_syncthreads(); // the barriers are initialized for everyone
 
     if (threadIdx.x >= VA_THREADS) {
-        va_produce_tiles(p, tile, sm, k_map, v_map, tma);
+        va_produce_tiles(p, sm, k_map, v_map, tma);
     } else {
-        va_consume_tiles(p, tile, sm);
+        va_consume_tiles(p, sm);
     }
 }
