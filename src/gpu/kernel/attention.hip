@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
 #else
     // With cu_seqlens on the device the grid is an upper bound: blocks past the last tile (all
     // of them when the cu_seqlens were refused) have nothing to do.
-    const VaWork work = va_block_work(p, blockIdx.x);
+    const VaWork work = va_block_work(p, p.tiles, blockIdx.x);
     const int sequence = va_tile_sequence(p, work.tile_index);
     if (sequence < 0) return;
 

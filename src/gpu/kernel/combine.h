@@ -12,7 +12,7 @@ extern "C" __global__ void __launch_bounds__(VA_MERGE_THREADS) va_attention_merg
     const int index = blockIdx.x * VA_MERGE_THREADS + threadIdx.x, columns = p.head_dim_v;
     if (index >= VA_BLOCK_M * columns) return;
     // The pair's first split block: its partial rows come first, split s's VA_BLOCK_M · s later.
-    const VaWork work = va_block_work(p, p.whole_pairs + blockIdx.y * p.splits);
+    const VaWork work = va_block_work(p, p.tiles, p.whole_pairs + blockIdx.y * p.splits);
     const VaTile tile = va_schedule_tile(p, va_tile_sequence(p, work.tile_index), work);
     const int row = tile.m0 + index / columns, col = index % columns;
     if (row >= tile.lq) return;

@@ -71,8 +71,9 @@ struct VaParams {
     float* partial_lse;      // [split blocks][VA_BLOCK_M] with splits > 1
     const int* cu_seqlens_q;
     const int* cu_seqlens_k;
-    // [batch + 1]: first query tile of each sequence. With cu_seqlens on the device, the
-    // workspace, followed by the table `va_plan_tiles` writes (`va_tile_sequence_table`).
+    // [batch + 1]: first query tile of each sequence, then their count. With cu_seqlens on
+    // the device, the workspace, followed by the table `va_plan_tiles` writes
+    // (`va_tile_sequence_table`).
     int* tile_start;
     // Calls whose cu_seqlens are on the device: the flag `va_plan_tiles` raises (and never
     // lowers) for cu_seqlens that break a rule; null for calls planned on the host.
@@ -84,9 +85,10 @@ struct VaParams {
     int batch, heads, group, total_q, total_k;
     int head_dim, head_dim_v;
     int window_left, window_right; // -1: unbounded
-    // The grid's blocks, one after another: the first `whole_pairs` (query tile, head) pairs
+    // The units of work, one after another: the first `whole_pairs` (query tile, head) pairs
     // whole, then each later pair's keys in `splits` blocks (`va_block_work`). Pair i is query
-    // tile i % tiles of head i / tiles.
+    // tile i % tiles of head i / tiles; `tiles` is the grid's query tiles (cu_seqlens on the
+    // device: an upper bound, see `va_unit_tiles`).
     int tiles;
     int whole_pairs;
     int splits;

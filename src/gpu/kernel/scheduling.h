@@ -79,13 +79,14 @@ struct VaWork {
 // of a last, partly filled wave (launched last) are the split ones: a wave of 160 pairs on 132
 // multiprocessors runs 132 of them whole, then the other 28 as 4 × 28 blocks of a quarter of
 // the keys each, instead of 28 whole blocks on an otherwise idle GPU.
-VA_DEVICE VaWork va_block_work(const VaParams& p, int block) {
+// Pair i is query tile i % tiles of head i / tiles (`va_unit_tiles`).
+VA_DEVICE VaWork va_block_work(const VaParams& p, int tiles, int block) {
     VaWork work;
     const bool whole = block < p.whole_pairs;
     const int slot = block - p.whole_pairs;
     const int pair = whole ? block : p.whole_pairs + slot / p.splits;
-    work.tile_index = pair % p.tiles;
-    work.head = pair / p.tiles;
+    work.tile_index = pair % tiles;
+    work.head = pair / tiles;
     work.split = whole ? 0 : slot % p.splits;
     work.splits = whole ? 1 : p.splits;
     work.slot = whole ? -1 : slot;
@@ -124,17 +125,27 @@ VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, const VaWork& work) 
     return tile;
 }
 
-// Work units of the launch: a block per whole pair, `splits` per split pair.
-VA_DEVICE int va_units(const VaParams& p) { return p.whole_pairs + (p.tiles * p.heads - p.whole_pairs) * p.splits; }
+// The query tiles the units of a persistent grid are numbered over: with cu_seqlens on the
+// device, the ones `va_plan_tiles` counted rather than the grid's upper bound, so that no
+// empty units sit among the real ones (each head's range would end in some, unevenly spread
+// over the blocks: measured 8-12% slower on mixed batches).
+VA_DEVICE int va_unit_tiles(const VaParams& p) { return p.status != nullptr ? p.tile_start[p.batch] : p.tiles; }
+
+// Work units of the launch over `tiles` query tiles: one per whole pair, `splits` per split
+// pair (cu_seqlens on the device: no splits, every pair whole).
+VA_DEVICE int va_units(const VaParams& p, int tiles) {
+    const int pairs = tiles * p.heads;
+    return pairs <= p.whole_pairs ? pairs : p.whole_pairs + (pairs - p.whole_pairs) * p.splits;
+}
 
 // Calls `run(tile)` for each unit of this block that has a tile: units blockIdx.x,
 // blockIdx.x + gridDim.x, ... (one where the grid has a block per unit; on Hopper the host may
 // launch one block per multiprocessor, which then overlaps one tile's end with the next one's
 // loads).
 template <typename F> VA_DEVICE void va_for_each_tile(const VaParams& p, F run) {
-    const int units = va_units(p);
+    const int tiles = va_unit_tiles(p), units = va_units(p, tiles);
     for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-        const VaWork work = va_block_work(p, unit);
+        const VaWork work = va_block_work(p, tiles, unit);
         const int sequence = va_tile_sequence(p, work.tile_index);
         if (sequence >= 0) run(va_schedule_tile(p, sequence, work));
     }
