@@ -1,19 +1,21 @@
 // Variable-length multi-head attention, forward pass: FlashAttention-2's structure (on Hopper,
 // FlashAttention-3's: see tile_wgmma.h).
 //
-// One block per (query tile of BLOCK_M rows, head) pair, or per key split of one, the query
-// tiles of all sequences numbered one after another (`tile_start`, the prefix sums of each
-// sequence's tile count), so a batch of many short sequences is one launch with no idle blocks. Each warp owns 16 or 32 query
-// rows; K/V tiles of BLOCK_N keys stream through shared memory, double-buffered with
-// asynchronous copies; scores, the online softmax (base-2, scale folded in) and the output
-// accumulate in f32 registers; O and the LSE are written once. With key splits (the pairs of a
-// last, partly filled wave of blocks, or of a problem smaller than one wave), each split writes
-// a partial result and `va_attention_merge` combines them by their LSE.
+// The work is a list of units: one per (query tile of BLOCK_M rows, head) pair, or per key split
+// of one, the query tiles of all sequences numbered one after another (`tile_start`, the prefix
+// sums of each sequence's tile count), so a batch of many short sequences is one launch with
+// no idle blocks. A block does one unit (on Hopper, a persistent grid's block walks every
+// grid-th unit). Each warp owns 16 or 32 query rows; K/V tiles of BLOCK_N keys stream through
+// shared memory, double-buffered or more with asynchronous copies; scores, the online softmax
+// (base-2, scale folded in) and the output accumulate in f32 registers; O and the LSE are
+// written once. With key splits (the pairs of a last, partly filled wave of blocks, or of a
+// problem smaller than one wave), each split writes a partial result and `va_attention_merge`
+// combines them by their LSE.
 //
 // This file holds the two entry points; each concern has a header of its own:
 //   params.h      compile-time constants and the parameter block (`VaParams`, `VaTile`),
 //   mask.h        which keys a query row sees (sequence end, causal diagonal, windows),
-//   scheduling.h  which sequence, query tile and key tiles a block works on,
+//   scheduling.h  the units of work: which sequence, query tile and key tiles each is,
 //   load.h        tile copies from global to shared memory (the cp.async path),
 //   combine.h     the merge of key splits by their log-sum-exps,
 // and the tensor-core code of one tile (the score product, the softmax, the P·V update) is one of

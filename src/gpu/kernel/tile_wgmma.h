@@ -1,7 +1,9 @@
-// NVIDIA Hopper (sm_90a): one tile with warpgroup MMAs, warp-specialized as in
-// FlashAttention-3. The block is three warpgroups: one copies K and V tiles into two or three stages of
-// shared memory (TMA for whole tiles where the host encoded tensor maps, cp.async for the rest,
-// signalling mbarriers; it gives most of its registers to the others),
+// NVIDIA Hopper (sm_90a): tiles with warpgroup MMAs, warp-specialized as in FlashAttention-3,
+// each block walking its units of work one tile after another (`va_for_each_tile`; the host
+// launches one block per multiprocessor). The block is three warpgroups: one copies Q, then K
+// and V tiles into two or three stages of shared memory (TMA for whole tiles where the host
+// encoded tensor maps, cp.async for the rest, signalling mbarriers; it gives most of its
+// registers to the others),
 // two compute (one, VA_WARPS = 4, for problems too small to fill the GPU with 128-row tiles),
 // each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync, so the
 // softmax and the write are shared with tile_mma.h). Two computing warpgroups take turns at the
