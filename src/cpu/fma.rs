@@ -70,13 +70,18 @@ impl<S: Simd> FmaKernel<S> {
 }
 
 /// `dst = src` widened to f32, with the CPU's conversion instructions where it has them (F16C
-/// for f16, found at run time by `half`).
+/// for f16, found at run time by `half`). bf16 is the high half of an f32: a shift, which
+/// vectorises (`half`'s conversion quiets NaNs one by one, a branch per element that cost
+/// short sequences a fifth of their time; a NaN stays a NaN either way).
 #[inline(always)]
 fn widen_slice<T: Element>(src: &[T], dst: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     match T::DTYPE {
         crate::DType::F16 => bytemuck::cast_slice::<T, half::f16>(src).convert_to_f32_slice(dst),
-        crate::DType::BF16 => bytemuck::cast_slice::<T, half::bf16>(src).convert_to_f32_slice(dst),
+        crate::DType::BF16 => {
+            let bits = bytemuck::cast_slice::<T, u16>(src);
+            dst.iter_mut().zip(bits).for_each(|(d, &b)| *d = f32::from_bits(u32::from(b) << 16));
+        }
         crate::DType::F32 => dst.copy_from_slice(bytemuck::cast_slice(src)),
     }
 }
