@@ -414,3 +414,30 @@ unsafe fn value_tile<S: Simd, const M: usize>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widening_is_exact_for_every_f16_and_bf16() {
+        let bits: Vec<u16> = (0..=u16::MAX).collect();
+        let mut wide = vec![0f32; bits.len()];
+        widen_slice::<half::f16>(bytemuck::cast_slice(&bits), &mut wide);
+        for (&b, &w) in bits.iter().zip(&wide) {
+            let exact = half::f16::from_bits(b).to_f32();
+            assert!(
+                w.to_bits() == exact.to_bits() || (w.is_nan() && exact.is_nan()),
+                "f16 {b:#06x}: {w:e}, not {exact:e}"
+            );
+        }
+        widen_slice::<half::bf16>(bytemuck::cast_slice(&bits), &mut wide);
+        for (&b, &w) in bits.iter().zip(&wide) {
+            let exact = half::bf16::from_bits(b).to_f32();
+            assert!(
+                w.to_bits() == exact.to_bits() || (w.is_nan() && exact.is_nan()),
+                "bf16 {b:#06x}: {w:e}, not {exact:e}"
+            );
+        }
+    }
+}
