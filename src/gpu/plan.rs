@@ -64,6 +64,9 @@ pub(crate) struct Variant {
     pub q_in_registers: bool,
     /// Shared-memory stages of K and V: 2, or 3 on Hopper where they fit.
     pub stages: usize,
+    /// Hopper: Q's buffers, 2 where they fit beside three stages (the next tile's Q loads
+    /// while the last one's is read), else 1.
+    pub q_buffers: usize,
     /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
     /// sizeable share of the kernel's code, which small problems fetch cold).
     pub softcap: bool,
@@ -100,6 +103,7 @@ impl Variant {
                     min_blocks: 1,
                     q_in_registers: false,
                     stages: 2,
+                    q_buffers: 1,
                     softcap: false,
                     f16,
                     target,
@@ -127,6 +131,7 @@ impl Variant {
                     min_blocks: 2,
                     q_in_registers,
                     stages: 2,
+                    q_buffers: 1,
                     softcap: false,
                     f16,
                     target,
@@ -135,14 +140,14 @@ impl Variant {
         }
     }
 
-    /// Hopper: three K/V stages, which give the copies more lead, where shared memory has room.
+    /// Hopper: three K/V stages, which give the copies more lead, and two Q buffers where
+    /// shared memory has room for both, else three stages and one Q buffer, else two and one.
     fn with_hopper_stages(self) -> Self {
-        let three = Variant { stages: 3, ..self };
-        if three.shared_bytes() <= MAX_SHARED_BYTES {
-            three
-        } else {
-            Variant { stages: 2, ..self }
-        }
+        [(3, 2), (3, 1)]
+            .into_iter()
+            .map(|(stages, q_buffers)| Variant { stages, q_buffers, ..self })
+            .find(|v| v.shared_bytes() <= MAX_SHARED_BYTES)
+            .unwrap_or(Variant { stages: 2, q_buffers: 1, ..self })
     }
 
     /// Hopper: one computing warpgroup, 64-row tiles (twice the blocks, for small problems).
@@ -181,6 +186,7 @@ impl Variant {
             format!("-DVA_Q_IN_REGISTERS={}", u8::from(self.q_in_registers)),
             format!("-DVA_MIN_BLOCKS={}", self.min_blocks),
             format!("-DVA_STAGES={}", self.stages),
+            format!("-DVA_Q_BUFFERS={}", self.q_buffers),
             format!("-DVA_SOFTCAP={}", u8::from(self.softcap)),
         ];
         if self.target == Target::Wgmma {
@@ -195,13 +201,14 @@ impl Variant {
     /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, the
     /// stages of K and V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows
     /// are padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their
-    /// alignment, and its 8-byte barriers (four per stage and Q's two) follow the tiles.
+    /// alignment, and its 8-byte barriers (four per stage, two per Q buffer) follow the tiles.
     pub fn shared_bytes(&self) -> usize {
-        let (pad, extra) = if self.target == Target::Wgmma { (0, 1024 + 8 * (4 * self.stages + 2)) } else { (8, 0) };
+        let (pad, extra) =
+            if self.target == Target::Wgmma { (0, 1024 + 8 * (4 * self.stages + 2 * self.q_buffers)) } else { (8, 0) };
         let (q_stride, v_stride) = (self.head_dim_pad + pad, self.head_dim_v_pad + pad);
         let staging = if self.target == Target::Mfma { self.block_m() * self.block_n } else { 0 };
         let stages = self.stages * self.block_n * (q_stride + v_stride);
-        2 * (self.block_m() * q_stride + stages + staging) + extra
+        2 * (self.q_buffers * self.block_m() * q_stride + stages + staging) + extra
     }
 }
 
@@ -341,6 +348,9 @@ impl Plan {
         }
         if target == Target::Wgmma && tuning.two_stages {
             variant.stages = 2;
+        }
+        if target == Target::Wgmma && tuning.one_q_buffer {
+            variant.q_buffers = 1;
         }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
@@ -636,6 +646,7 @@ mod tests {
                 min_blocks: 2,
                 q_in_registers: true,
                 stages: 2,
+                q_buffers: 1,
                 softcap: false,
                 f16: false,
                 target: Target::Mma
@@ -647,12 +658,15 @@ mod tests {
     fn hopper_variants_keep_head_dim_v_72_and_fit_shared_memory() {
         let v = Variant::new(72, 72, false, Target::Wgmma);
         assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 384));
-        // Q, three K tiles, three V tiles of bf16, no row padding: (128·80 + 3·128·80 + 3·128·72)
-        // · 2, 1 KiB to align the swizzled atoms, and 14 barriers.
-        assert_eq!((v.stages, v.shared_bytes()), (3, 137216 + 1024 + 112));
-        // Three stages of 128 columns still fit (Q 32 KiB, K and V 3 · 64 KiB); 256 do not.
-        assert_eq!(Variant::new(128, 128, false, Target::Wgmma).stages, 3);
-        assert_eq!(Variant::new(256, 256, false, Target::Wgmma).stages, 2);
+        // Two Q buffers, three K tiles, three V tiles of bf16, no row padding: (2·128·80 +
+        // 3·128·80 + 3·128·72) · 2, 1 KiB to align the swizzled atoms, and 16 barriers.
+        assert_eq!((v.stages, v.q_buffers, v.shared_bytes()), (3, 2, 157696 + 1024 + 128));
+        // Three stages of 128 columns still fit with one Q buffer (Q 32 KiB, K and V 3 · 64
+        // KiB), not with two; 256 columns take two stages.
+        let wide = Variant::new(128, 128, false, Target::Wgmma);
+        assert_eq!((wide.stages, wide.q_buffers), (3, 1));
+        let widest = Variant::new(256, 256, false, Target::Wgmma);
+        assert_eq!((widest.stages, widest.q_buffers), (2, 1));
         assert!(v.defines().contains(&"-DVA_WGMMA=1".to_string()));
         for (d, dv) in [(256, 256), (200, 40), (1, 1), (128, 128)] {
             let v = Variant::new(d, dv, true, Target::Wgmma);
@@ -735,6 +749,8 @@ mod tests {
         assert_eq!((with(Tuning::default()).block_m(), with(Tuning::default()).stages), (64, 3));
         assert_eq!(with(Tuning { block_m: Some(128), ..Tuning::default() }).block_m(), 128);
         assert_eq!(with(Tuning { two_stages: true, ..Tuning::default() }).stages, 2);
+        assert_eq!(with(Tuning::default()).q_buffers, 2);
+        assert_eq!(with(Tuning { one_q_buffer: true, ..Tuning::default() }).q_buffers, 1);
         // A problem that fills the GPU keeps 128-row tiles unless told otherwise.
         let (cu, shape) = ([0, 16384], [16384, 16, 72]);
         let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();

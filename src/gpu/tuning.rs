@@ -6,6 +6,7 @@
 //! | `VARLEN_ATTN_GPU_KERNEL=mma` | Hopper runs the sm_80 `mma.sync` kernel instead of warpgroup MMAs |
 //! | `VARLEN_ATTN_GPU_TMA=0` | Hopper copies K and V by cp.async only, no tensor-memory copies |
 //! | `VARLEN_ATTN_GPU_STAGES=2` | Hopper keeps two K/V stages in shared memory, not three |
+//! | `VARLEN_ATTN_GPU_Q_BUFFERS=1` | Hopper keeps one Q buffer, not two |
 //! | `VARLEN_ATTN_GPU_BLOCK_M=128` or `=64` | Hopper uses 128-row (or 64-row) query tiles whatever the problem |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
 //! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
@@ -20,6 +21,7 @@ pub(crate) struct Tuning {
     pub mma_on_hopper: bool,
     pub no_tma: bool,
     pub two_stages: bool,
+    pub one_q_buffer: bool,
     /// Hopper's query tile rows, 64 or 128, instead of the problem's choice.
     pub block_m: Option<usize>,
     pub max_splits: Option<usize>,
@@ -42,6 +44,7 @@ impl Tuning {
             mma_on_hopper: is("VARLEN_ATTN_GPU_KERNEL", "mma"),
             no_tma: is("VARLEN_ATTN_GPU_TMA", "0"),
             two_stages: is("VARLEN_ATTN_GPU_STAGES", "2"),
+            one_q_buffer: is("VARLEN_ATTN_GPU_Q_BUFFERS", "1"),
             block_m: lookup("VARLEN_ATTN_GPU_BLOCK_M").and_then(|m| m.parse().ok()).filter(|m| [64, 128].contains(m)),
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
             no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
@@ -63,6 +66,7 @@ mod tests {
                     "VARLEN_ATTN_GPU_KERNEL" => "mma",
                     "VARLEN_ATTN_GPU_TMA" => "0",
                     "VARLEN_ATTN_GPU_STAGES" => "2",
+                    "VARLEN_ATTN_GPU_Q_BUFFERS" => "1",
                     "VARLEN_ATTN_GPU_BLOCK_M" => "128",
                     "VARLEN_ATTN_GPU_SPLITS" => "1",
                     "VARLEN_ATTN_GPU_PERSISTENT" => "0",
@@ -73,6 +77,7 @@ mod tests {
         };
         let all = Tuning::from(env);
         assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128) && all.no_persistent);
+        assert!(all.one_q_buffer);
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);

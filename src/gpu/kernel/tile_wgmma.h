@@ -132,25 +132,30 @@ VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&
 // The block's shared memory: Q, VA_STAGES stages each of K and V, and their barriers ("full": the
 // copies of a stage, or of Q, have landed; "empty": every computing warp is done reading it).
 // A block works through several tiles (`va_for_each_tile`): the key tiles are counted across
-// them, and Q is refilled once per tile that has keys (its "round").
+// them, and Q is refilled once per tile that has keys (its "round"), into VA_Q_BUFFERS
+// buffers in turn: with two, the next tile's Q is loaded while the last one's is still read.
 struct VaWgmmaSmem {
+    static constexpr int Q_TILE = VaCoreTile<VA_BLOCK_M, VA_HEAD_DIM_PAD>::ELEMS;
     static constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
     static constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
-    va_u16* q;
+    va_u16* q; // [VA_Q_BUFFERS][Q_TILE]
     va_u16* k; // [VA_STAGES][K_TILE]
     va_u16* v; // [VA_STAGES][V_TILE]
     va_u64* k_full;
     va_u64* v_full;
     va_u64* k_empty;
     va_u64* v_empty;
-    va_u64* q_full;
-    va_u64* q_empty;
+    va_u64* q_full;  // [VA_Q_BUFFERS]
+    va_u64* q_empty; // [VA_Q_BUFFERS]
 };
 
 // Key tile n of the block (counted from its first tile's first) sits in stage n % VA_STAGES,
-// whose barriers are then in their phase n / VA_STAGES; Q's round r in phase r of its own.
+// whose barriers are then in their phase n / VA_STAGES; Q's round r likewise in buffer
+// r % VA_Q_BUFFERS, phase r / VA_Q_BUFFERS.
 VA_DEVICE int va_stage(int i) { return i % VA_STAGES; }
 VA_DEVICE int va_phase(int i) { return (i / VA_STAGES) & 1; }
+VA_DEVICE int va_q_buffer(int round) { return round % VA_Q_BUFFERS; }
+VA_DEVICE int va_q_phase(int round) { return (round / VA_Q_BUFFERS) & 1; }
 
 // The copying warpgroup: for each of the block's tiles, streams Q (as soon as every computing
 // warp has the previous tile's last scores), then its K and V tiles into the stages, each
@@ -199,10 +204,11 @@ VA_DEVICE void va_produce_tiles(const VaParams& p, const VaWgmmaSmem& sm, const 
     va_for_each_tile(p, [&](const VaTile& tile) {
         const int tiles = tile.j_end - tile.j_begin;
         if (tiles == 0) return;
-        va_mbarrier_wait(sm.q_empty, (round & 1) ^ 1);
-        va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS>(sm.q, thread, tile.q, p.q_token_stride, tile.m0, tile.lq,
-                                                                            p.head_dim);
-        va_copy_arrive(sm.q_full);
+        const int q = va_q_buffer(round);
+        va_mbarrier_wait(&sm.q_empty[q], va_q_phase(round) ^ 1);
+        va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS>(sm.q + q * VaWgmmaSmem::Q_TILE, thread, tile.q,
+                                                                            p.q_token_stride, tile.m0, tile.lq, p.head_dim);
+        va_copy_arrive(&sm.q_full[q]);
         const auto load_keys = [&](int i) {
             va_load_stage<VA_HEAD_DIM_PAD>(tile, sm.k, VaWgmmaSmem::K_TILE, sm.k_full, sm.k_empty, k_map, tile.k, p.k_token_stride,
                                            p.head_dim, i, first + i, thread, tma);
@@ -237,8 +243,8 @@ VA_DEVICE void va_wait_stage(va_u64* full, int i) {
 VA_DEVICE void va_release_stage(va_u64* empty, int i) {
     if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(&empty[va_stage(i)]);
 }
-VA_DEVICE void va_release_q(const VaWgmmaSmem& sm) {
-    if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(sm.q_empty);
+VA_DEVICE void va_release_q(const VaWgmmaSmem& sm, int round) {
+    if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(&sm.q_empty[va_q_buffer(round)]);
 }
 
 // Two computing warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong): a
@@ -320,14 +326,15 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         // after the tile's last, Q's buffer.
         const auto scores_read = [&](int i) {
             va_release_stage(sm.k_empty, first + i);
-            if (i == tiles - 1) va_release_q(sm);
+            if (i == tiles - 1) va_release_q(sm, round);
         };
 
         if (group == 1) va_pass_turn(group); // warpgroup 0 goes first
-        va_mbarrier_wait(sm.q_full, round & 1);
+        const va_u16* q = sm.q + va_q_buffer(round) * VaWgmmaSmem::Q_TILE;
+        va_mbarrier_wait(&sm.q_full[va_q_buffer(round)], va_q_phase(round));
         va_wait_stage(sm.k_full, first);
         va_take_turn(group);
-        va_issue_scores(s, sm.q, q_first, sm.k + va_stage(first) * VaWgmmaSmem::K_TILE);
+        va_issue_scores(s, q, q_first, sm.k + va_stage(first) * VaWgmmaSmem::K_TILE);
         va_pass_turn(group);
         va_wgmma_wait<0>();
         va_fence_registers(s_flat);
@@ -339,7 +346,7 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
             const int n = first + i;
             va_wait_stage(sm.k_full, n);
             va_take_turn(group);
-            va_issue_scores(s, sm.q, q_first, sm.k + va_stage(n) * VaWgmmaSmem::K_TILE);
+            va_issue_scores(s, q, q_first, sm.k + va_stage(n) * VaWgmmaSmem::K_TILE);
             va_rescale_fragment(o, alpha);
             va_wait_stage(sm.v_full, n - 1);
             va_issue_values(o, pf, sm.v + va_stage(n - 1) * VaWgmmaSmem::V_TILE);
@@ -391,14 +398,14 @@ VA_DEVICE void va_attention_wgmma(const VaParams& p, va_u16* smem, const VaTenso
     smem += ((1024 - (va_smem_addr(smem) & 1023)) & 1023) / 2;
     VaWgmmaSmem sm;
     sm.q = smem;
-    sm.k = sm.q + VA_BLOCK_M * VA_HEAD_DIM_PAD;
+    sm.k = sm.q + VA_Q_BUFFERS * VaWgmmaSmem::Q_TILE;
     sm.v = sm.k + VA_STAGES * VaWgmmaSmem::K_TILE;
     sm.k_full = reinterpret_cast<va_u64*>(sm.v + VA_STAGES * VaWgmmaSmem::V_TILE);
     sm.v_full = sm.k_full + VA_STAGES;
     sm.k_empty = sm.k_full + 2 * VA_STAGES;
     sm.v_empty = sm.k_full + 3 * VA_STAGES;
     sm.q_full = sm.k_full + 4 * VA_STAGES;
-    sm.q_empty = sm.q_full + 1;
+    sm.q_empty = sm.q_full + VA_Q_BUFFERS;
     if (threadIdx.x == 0) {
         for (int stage = 0; stage < VA_STAGES; ++stage) {
             va_mbarrier_init(&sm.k_full[stage], VA_PRODUCER_THREADS + 1);
@@ -406,8 +413,10 @@ VA_DEVICE void va_attention_wgmma(const VaParams& p, va_u16* smem, const VaTenso
             va_mbarrier_init(&sm.k_empty[stage], VA_WARPS);
             va_mbarrier_init(&sm.v_empty[stage], VA_WARPS);
         }
-        va_mbarrier_init(sm.q_full, VA_PRODUCER_THREADS);
-        va_mbarrier_init(sm.q_empty, VA_WARPS);
+        for (int q = 0; q < VA_Q_BUFFERS; ++q) {
+            va_mbarrier_init(&sm.q_full[q], VA_PRODUCER_THREADS);
+            va_mbarrier_init(&sm.q_empty[q], VA_WARPS);
+        }
     }
     va_syncthreads(); // the barriers are initialized for everyone
 
