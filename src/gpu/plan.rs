@@ -21,6 +21,17 @@ const MAX_SPLITS: usize = 16;
 /// µs, sparing 512 took shape 13 from 13.4 to 17.6).
 const MIN_SPARED_SCORES: usize = 64 * 1024;
 
+/// Query rows times keys rounded up to whole key tiles of `block_n`: the scores a call computes,
+/// the padding of each sequence's last key tile included.
+fn padded_scores(problem: &Problem, block_n: usize) -> usize {
+    (0..problem.batch())
+        .map(|b| {
+            let s = problem.sequence(b);
+            s.q_len * s.k_len.next_multiple_of(block_n)
+        })
+        .sum()
+}
+
 /// Which tensor-core code a kernel is built for (one file of `kernel/` each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum Target {
@@ -141,9 +152,10 @@ impl Variant {
     }
 
     /// Hopper: three K/V stages, which give the copies more lead, and two Q buffers where
-    /// shared memory has room for both, else three stages and one Q buffer, else two and one.
-    fn with_hopper_stages(self) -> Self {
-        [(3, 2), (3, 1)]
+    /// shared memory has room for both, else the first of three stages and one Q buffer, two
+    /// and two, two and one that fits.
+    pub fn with_hopper_stages(self) -> Self {
+        [(3, 2), (3, 1), (2, 2)]
             .into_iter()
             .map(|(stages, q_buffers)| Variant { stages, q_buffers, ..self })
             .find(|v| v.shared_bytes() <= MAX_SHARED_BYTES)
@@ -154,6 +166,48 @@ impl Variant {
     pub fn with_one_warpgroup(self) -> Self {
         debug_assert_eq!(self.target, Target::Wgmma);
         Variant { warps: 4, ..self }.with_hopper_stages()
+    }
+
+    /// Hopper: three computing warpgroups, 192-row tiles (`VARLEN_ATTN_GPU_BLOCK_M=192`).
+    pub fn with_three_warpgroups(self) -> Self {
+        debug_assert_eq!(self.target, Target::Wgmma);
+        Variant { warps: 12, ..self }.with_hopper_stages()
+    }
+
+    /// Hopper's tiles for `problem`. A problem whose 128-row tiles would not fill half the
+    /// multiprocessors takes 64-row tiles (one computing warpgroup each): twice the blocks,
+    /// each half the work, where a block's fixed cost is most of the time. Heads up to 96 wide
+    /// take 192-key tiles where they pad the keys by at most 2% more than 128-key ones: per
+    /// key they ran 3-6% faster on the H200 (fewer fixed costs per tile), but each sequence's
+    /// last tile pads up to 191 keys, which short sequences pay for (16 images × 1024 tokens:
+    /// 9% slower); with cu_seqlens on the device the lengths are unknown, and tiles keep 128
+    /// keys. Then whatever the tuning switches force.
+    fn hopper_tiles(self, problem: &Problem, multiprocessors: usize, tuning: &Tuning, lengths_known: bool) -> Self {
+        let mut variant = self;
+        let query_tiles: usize = (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(self.block_m())).sum();
+        let small = 2 * query_tiles * problem.num_heads <= multiprocessors;
+        match tuning.block_m {
+            Some(64) => variant = variant.with_one_warpgroup(),
+            Some(192) => variant = variant.with_three_warpgroups(),
+            None if small => variant = variant.with_one_warpgroup(),
+            _ => {}
+        }
+        let widest = variant.head_dim_pad.max(variant.head_dim_v_pad);
+        let wide_tiles_pay = lengths_known
+            && widest <= 96
+            && variant.warps == 8
+            && 50 * padded_scores(problem, 192) <= 51 * padded_scores(problem, variant.block_n);
+        let block_n = tuning.block_n.or(wide_tiles_pay.then_some(192));
+        if let Some(block_n) = block_n.filter(|_| widest <= 128) {
+            variant = Variant { block_n, ..variant }.with_hopper_stages();
+        }
+        if tuning.two_stages {
+            variant.stages = 2;
+        }
+        if tuning.one_q_buffer {
+            variant.q_buffers = 1;
+        }
+        variant
     }
 
     /// Query rows per block.
@@ -201,11 +255,13 @@ impl Variant {
     /// Dynamic shared memory of one block, in bytes (must match the kernel's layout): Q, the
     /// stages of K and V tiles, and on AMD the probabilities' staging; mma.sync and MFMA rows
     /// are padded by 8 elements; the Hopper tile's swizzled atoms need 1 KiB for their
-    /// alignment, and its 8-byte barriers (four per stage, two per Q buffer) follow the tiles.
+    /// alignment, its V tiles take whole 64-column slabs (`VaVTile`), and its 8-byte barriers
+    /// (four per stage, two per Q buffer) follow the tiles.
     pub fn shared_bytes(&self) -> usize {
-        let (pad, extra) =
-            if self.target == Target::Wgmma { (0, 1024 + 8 * (4 * self.stages + 2 * self.q_buffers)) } else { (8, 0) };
-        let (q_stride, v_stride) = (self.head_dim_pad + pad, self.head_dim_v_pad + pad);
+        let wgmma = self.target == Target::Wgmma;
+        let (pad, extra) = if wgmma { (0, 1024 + 8 * (4 * self.stages + 2 * self.q_buffers)) } else { (8, 0) };
+        let v_width = if wgmma { self.head_dim_v_pad.next_multiple_of(64) } else { self.head_dim_v_pad };
+        let (q_stride, v_stride) = (self.head_dim_pad + pad, v_width + pad);
         let staging = if self.target == Target::Mfma { self.block_m() * self.block_n } else { 0 };
         let stages = self.stages * self.block_n * (q_stride + v_stride);
         2 * (self.q_buffers * self.block_m() * q_stride + stages + staging) + extra
@@ -333,24 +389,23 @@ pub(crate) struct Plan {
 impl Plan {
     /// Plans `problem` on `gpu` for the tensors `operands`.
     pub fn new(problem: &Problem, f16: bool, gpu: Gpu, tuning: &Tuning, operands: Operands) -> Plan {
+        Plan::planned(problem, f16, gpu, tuning, operands, true)
+    }
+
+    /// `Plan::new`, for sequence lengths that are `problem`'s (`lengths_known`) or only bounded
+    /// by its token counts (cu_seqlens on the device).
+    fn planned(
+        problem: &Problem,
+        f16: bool,
+        gpu: Gpu,
+        tuning: &Tuning,
+        operands: Operands,
+        lengths_known: bool,
+    ) -> Plan {
         let (target, multiprocessors) = (gpu.target, gpu.multiprocessors);
         let mut variant = Variant::for_problem(problem, f16, target);
-        // On Hopper, a problem whose 128-row tiles would not fill half the multiprocessors
-        // takes 64-row tiles (one computing warpgroup each): twice the blocks, each half the
-        // work, where a block's fixed cost is most of the time.
         if target == Target::Wgmma {
-            let tiles: usize =
-                (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(variant.block_m())).sum();
-            let small = 2 * tiles * problem.num_heads <= multiprocessors;
-            if tuning.block_m.map_or(small, |m| m == 64) {
-                variant = variant.with_one_warpgroup();
-            }
-        }
-        if target == Target::Wgmma && tuning.two_stages {
-            variant.stages = 2;
-        }
-        if target == Target::Wgmma && tuning.one_q_buffer {
-            variant.q_buffers = 1;
+            variant = variant.hopper_tiles(problem, multiprocessors, tuning, lengths_known);
         }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
@@ -431,7 +486,7 @@ impl Plan {
         tuning: &Tuning,
         operands: Operands,
     ) -> Plan {
-        let mut plan = Plan::new(problem, f16, gpu, tuning, operands);
+        let mut plan = Plan::planned(problem, f16, gpu, tuning, operands, false);
         plan.schedule = Schedule::Device { cu_seqlens_q: cu_seqlens[0], cu_seqlens_k: cu_seqlens[1] };
         plan.batch = batch;
         plan.splits = 1;
@@ -658,9 +713,10 @@ mod tests {
     fn hopper_variants_keep_head_dim_v_72_and_fit_shared_memory() {
         let v = Variant::new(72, 72, false, Target::Wgmma);
         assert_eq!((v.head_dim_pad, v.head_dim_v_pad, v.block_n, v.block_m(), v.threads()), (80, 72, 128, 128, 384));
-        // Two Q buffers, three K tiles, three V tiles of bf16, no row padding: (2·128·80 +
-        // 3·128·80 + 3·128·72) · 2, 1 KiB to align the swizzled atoms, and 16 barriers.
-        assert_eq!((v.stages, v.q_buffers, v.shared_bytes()), (3, 2, 157696 + 1024 + 128));
+        // Two Q buffers, three K tiles, three V tiles of bf16 in whole slabs (72 columns take
+        // two), no row padding: (2·128·80 + 3·128·80 + 3·128·128) · 2, 1 KiB to align the
+        // swizzled atoms, and 16 barriers.
+        assert_eq!((v.stages, v.q_buffers, v.shared_bytes()), (3, 2, 200704 + 1024 + 128));
         // Three stages of 128 columns still fit with one Q buffer (Q 32 KiB, K and V 3 · 64
         // KiB), not with two; 256 columns take two stages.
         let wide = Variant::new(128, 128, false, Target::Wgmma);
@@ -740,6 +796,41 @@ mod tests {
     }
 
     #[test]
+    fn narrow_heads_take_192_key_tiles_where_they_pad_little() {
+        let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
+        let block_n = |lengths: &[usize], d: usize| {
+            let mut cu = vec![0i32];
+            for &l in lengths {
+                cu.push(cu.last().unwrap() + l as i32);
+            }
+            let total = *cu.last().unwrap() as usize;
+            let problem =
+                Problem::new([total, 16, d], [total, 16, d], [total, 16, d], &cu, &cu, &Params::default()).unwrap();
+            Plan::new(&problem, false, hopper, &Tuning::default(), Operands::default()).variant.block_n
+        };
+        // 17296 keys pad 112 keys at 128, 176 at 192 (0.4% more): 192.
+        assert_eq!(block_n(&[17296], 72), 192);
+        // 1024 keys are 8 whole tiles of 128 and pad 128 at 192 (12.5% more): 128.
+        assert_eq!(block_n(&[1024; 16], 72), 128);
+        assert_eq!(block_n(&[256; 64], 64), 128);
+        // Wider heads keep 128.
+        assert_eq!(block_n(&[17296], 128), 128);
+        // With cu_seqlens on the device the host sees only a bound on the tokens: 128.
+        let (cu, shape) = ([0, 17296], [17296, 16, 72]);
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+        let device = Plan::with_device_seqlens(
+            &problem,
+            64,
+            [0x1000, 0x2000],
+            false,
+            hopper,
+            &Tuning::default(),
+            Operands::default(),
+        );
+        assert_eq!(device.variant.block_n, 128);
+    }
+
+    #[test]
     fn tuning_switches_change_the_plan_they_name() {
         let cu = [0, 276];
         let shape = [276, 4, 72];
@@ -751,6 +842,13 @@ mod tests {
         assert_eq!(with(Tuning { two_stages: true, ..Tuning::default() }).stages, 2);
         assert_eq!(with(Tuning::default()).q_buffers, 2);
         assert_eq!(with(Tuning { one_q_buffer: true, ..Tuning::default() }).q_buffers, 1);
+        // 192-key tiles leave room for two stages (and two Q buffers), not three.
+        let wide_tiles = with(Tuning { block_n: Some(192), ..Tuning::default() });
+        assert_eq!((wide_tiles.block_n, wide_tiles.stages, wide_tiles.q_buffers), (192, 2, 2));
+        // 192-row tiles: three computing warpgroups and the copying one.
+        let tall = with(Tuning { block_m: Some(192), ..Tuning::default() });
+        assert_eq!((tall.block_m(), tall.threads(), tall.block_n, tall.stages, tall.q_buffers), (192, 512, 128, 3, 2));
+        assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
         // A problem that fills the GPU keeps 128-row tiles unless told otherwise.
         let (cu, shape) = ([0, 16384], [16384, 16, 72]);
         let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();

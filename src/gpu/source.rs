@@ -96,6 +96,15 @@ pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
             for (d, dv, f16) in [(72, 72, false), (128, 128, true), (256, 256, false), (33, 65, false)] {
                 all.push(Variant::new(d, dv, f16, target).with_one_warpgroup());
             }
+            // 192-key tiles (narrow heads on long sequences) and 192-row ones (a switch).
+            for (d, dv, f16) in [(72, 72, false), (64, 64, true), (96, 96, false)] {
+                let wide_tiles = Variant { block_n: 192, ..Variant::new(d, dv, f16, target) }.with_hopper_stages();
+                all.push(wide_tiles);
+                all.push(Variant { softcap: true, ..wide_tiles });
+            }
+            for (d, dv, f16) in [(72, 72, false), (128, 128, true)] {
+                all.push(Variant::new(d, dv, f16, target).with_three_warpgroups());
+            }
         }
     }
     all

@@ -7,7 +7,8 @@
 //! | `VARLEN_ATTN_GPU_TMA=0` | Hopper copies K and V by cp.async only, no tensor-memory copies |
 //! | `VARLEN_ATTN_GPU_STAGES=2` | Hopper keeps two K/V stages in shared memory, not three |
 //! | `VARLEN_ATTN_GPU_Q_BUFFERS=1` | Hopper keeps one Q buffer, not two |
-//! | `VARLEN_ATTN_GPU_BLOCK_M=128` or `=64` | Hopper uses 128-row (or 64-row) query tiles whatever the problem |
+//! | `VARLEN_ATTN_GPU_BLOCK_M=192`, `=128` or `=64` | Hopper uses query tiles of that many rows (three, two or one computing warpgroups) whatever the problem |
+//! | `VARLEN_ATTN_GPU_BLOCK_N=192`, `=128` or `=64` | Hopper uses key tiles of that many keys (heads up to 128 wide) |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
 //! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
@@ -22,8 +23,10 @@ pub(crate) struct Tuning {
     pub no_tma: bool,
     pub two_stages: bool,
     pub one_q_buffer: bool,
-    /// Hopper's query tile rows, 64 or 128, instead of the problem's choice.
+    /// Hopper's query tile rows, 64, 128 or 192, instead of the problem's choice.
     pub block_m: Option<usize>,
+    /// Hopper's keys per tile, 64, 128 or 192, instead of the head width's choice.
+    pub block_n: Option<usize>,
     pub max_splits: Option<usize>,
     /// Hopper launches a block per unit of work instead of a persistent grid.
     pub no_persistent: bool,
@@ -45,7 +48,12 @@ impl Tuning {
             no_tma: is("VARLEN_ATTN_GPU_TMA", "0"),
             two_stages: is("VARLEN_ATTN_GPU_STAGES", "2"),
             one_q_buffer: is("VARLEN_ATTN_GPU_Q_BUFFERS", "1"),
-            block_m: lookup("VARLEN_ATTN_GPU_BLOCK_M").and_then(|m| m.parse().ok()).filter(|m| [64, 128].contains(m)),
+            block_m: lookup("VARLEN_ATTN_GPU_BLOCK_M")
+                .and_then(|m| m.parse().ok())
+                .filter(|m| [64, 128, 192].contains(m)),
+            block_n: lookup("VARLEN_ATTN_GPU_BLOCK_N")
+                .and_then(|n| n.parse().ok())
+                .filter(|n| [64, 128, 192].contains(n)),
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
             no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
@@ -68,6 +76,7 @@ mod tests {
                     "VARLEN_ATTN_GPU_STAGES" => "2",
                     "VARLEN_ATTN_GPU_Q_BUFFERS" => "1",
                     "VARLEN_ATTN_GPU_BLOCK_M" => "128",
+                    "VARLEN_ATTN_GPU_BLOCK_N" => "192",
                     "VARLEN_ATTN_GPU_SPLITS" => "1",
                     "VARLEN_ATTN_GPU_PERSISTENT" => "0",
                     _ => "/tmp/ptx",
@@ -77,11 +86,12 @@ mod tests {
         };
         let all = Tuning::from(env);
         assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128) && all.no_persistent);
-        assert!(all.one_q_buffer);
+        assert!(all.one_q_buffer && all.block_n == Some(192));
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);
         assert_eq!(Tuning::from(|_| Some("64".into())).block_m, Some(64));
         assert_eq!(Tuning::from(|_| Some("96".into())).block_m, None);
+        assert_eq!(Tuning::from(|_| Some("192".into())).block_m, Some(192));
     }
 }

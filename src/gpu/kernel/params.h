@@ -46,12 +46,18 @@
 #define VA_Q_BUFFERS 1
 #endif
 // VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
-// registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM.
+// registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM, and
+// with three computing warpgroups 128 · 32 + 384 · 160.
 #define VA_THREADS (VA_WARPS * VA_WARP)
 #if VA_WGMMA
 #define VA_PRODUCER_THREADS 128
+#if VA_WARPS == 12
+#define VA_PRODUCER_REGISTERS 32
+#define VA_CONSUMER_REGISTERS 160
+#else
 #define VA_PRODUCER_REGISTERS 56
 #define VA_CONSUMER_REGISTERS 224
+#endif
 #define VA_BLOCK_THREADS (VA_THREADS + VA_PRODUCER_THREADS)
 #else
 #define VA_BLOCK_THREADS VA_THREADS

@@ -1,19 +1,21 @@
 // NVIDIA Hopper (sm_90a): tiles with warpgroup MMAs, warp-specialized as in FlashAttention-3,
 // each block walking its units of work one tile after another (`va_for_each_tile`; the host
-// launches one block per multiprocessor). The block is three warpgroups: one copies Q, then K
-// and V tiles into two or three stages of shared memory (TMA for whole tiles where the host
-// encoded tensor maps, cp.async for the rest, signalling mbarriers; it gives most of its
-// registers to the others),
-// two compute (one, VA_WARPS = 4, for problems too small to fill the GPU with 128-row tiles),
-// each owning 64 query rows (16 per warp, in the same fragment layout as mma.sync, so the
-// softmax and the write are shared with tile_mma.h). Two computing warpgroups take turns at the
-// tensor cores (one's softmax runs while the other's products do), and within each the score
-// product of key tile i runs alongside the value product of tile i - 1.
+// launches one block per multiprocessor). One warpgroup copies Q, then K and V tiles into two
+// or three stages of shared memory (TMA for whole tiles where the host encoded tensor maps,
+// cp.async for the rest, signalling mbarriers; it gives most of its registers to the others);
+// two compute (one, VA_WARPS = 4, for problems too small to fill the GPU with 128-row tiles;
+// three, VA_WARPS = 12, for 192-row tiles), each owning 64 query rows (16 per warp, in the same
+// fragment layout as mma.sync, so the softmax and the write are shared with tile_mma.h). The
+// computing warpgroups take turns at the tensor cores (one's softmax runs while the others'
+// products do), and within each the score product of key tile i runs alongside the value
+// product of tile i - 1.
 //
 // Q, K and V sit in shared memory in layouts the tensor cores read directly (64-column slabs with
-// 128-byte swizzle, the rest of a head in core matrices): S = Q K^T takes both operands from
-// there, O += P V takes P from registers (the score accumulators, rounded) and V from there,
-// transposed by the instruction. No ldmatrix, and one K or V read serves 64 rows.
+// 128-byte swizzle; Q's and K's last columns past a multiple of 64 in core matrices, V's in one
+// more, partly used slab): S = Q K^T takes both operands from there, O += P V takes P from
+// registers (the score accumulators, rounded) and V from there, transposed by the instruction.
+// No ldmatrix, and one K or V read serves 64 rows. Descriptors are each tile's 16-byte address
+// plus constants (`va_wgmma_descriptor16`), the warpgroup's index uniform across its warps.
 
 #pragma once
 
@@ -26,13 +28,21 @@
 // columns (head dims that are not multiples of 64: 72's last 8) after the slabs in the
 // no-swizzle core-matrix layout, groups of 8 rows each TAIL_CHUNKS core matrices long. Every
 // part is a multiple of 1024 bytes, so every slab starts on an atom.
-template <int ROWS, int WIDTH> struct VaCoreTile {
-    static constexpr int SLABS = WIDTH / 64;
-    static constexpr int TAIL_CHUNKS = (WIDTH % 64) / 8;
+//
+// With WHOLE_SLABS, the rest of the columns go into one more slab, partly used (72's second
+// slab holds 8 columns): V's tiles, so that one instruction of N = WIDTH reads all its columns
+// (a slab and a tail took two per 16 keys, each with its own descriptor).
+template <int ROWS_, int WIDTH, bool WHOLE_SLABS = false> struct VaCoreTile {
+    static constexpr int ROWS = ROWS_;
+    static constexpr int SLABS = WHOLE_SLABS ? (WIDTH + 63) / 64 : WIDTH / 64;
+    static constexpr int TAIL_CHUNKS = WHOLE_SLABS ? 0 : (WIDTH % 64) / 8;
     static constexpr int SLAB = ROWS * 64;      // elements of one slab
     static constexpr int TAIL = SLABS * SLAB;   // where the tail starts
-    static constexpr int ELEMS = ROWS * WIDTH;
+    static constexpr int ELEMS = TAIL + ROWS * TAIL_CHUNKS * 8;
 };
+using VaQTile = VaCoreTile<VA_BLOCK_M, VA_HEAD_DIM_PAD>;
+using VaKTile = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>;
+using VaVTile = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD, true>;
 
 // Calls copy(i) for i in [thread, COUNT) in steps of THREADS, UNROLL steps at a time.
 template <int COUNT, int THREADS, int UNROLL, typename F> VA_DEVICE void va_for_each_copy(int thread, F copy) {
@@ -43,24 +53,25 @@ template <int COUNT, int THREADS, int UNROLL, typename F> VA_DEVICE void va_for_
     }
 }
 
-// Rows [row0, row0 + ROWS) of one head's [tokens, dims] slice into the slabs of a VaCoreTile,
+// Rows [row0, row0 + T::ROWS) of one head's [tokens, dims] slice into the slabs of a VaCoreTile T,
 // copied by THREADS threads (`thread` is this one's index among them); rows past `valid_rows`
 // and columns past `dims` are zero-filled. Eight consecutive threads copy one row's 128
 // contiguous bytes into one 128-byte atom row (full sectors from L2, distinct banks), and each
 // thread keeps its 16-byte column and every (THREADS / 8)-th row: that row's swizzle (row % 8)
 // stays the same, so its copies are a fixed stride apart in both memories, unrolled with
 // immediate offsets.
-template <int ROWS, int WIDTH, int THREADS>
+template <typename T, int THREADS>
 VA_DEVICE void va_load_slabs(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
-    using T = VaCoreTile<ROWS, WIDTH>;
+    constexpr int ROWS = T::ROWS;
     constexpr int STEP = THREADS / 8; // rows between one thread's slab copies
     static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "each thread's slab rows share a swizzle and tile the rows");
     const int chunk = thread % 8, first = thread / 8;
     const int rows_left = valid_rows - row0 - first;
     const va_u16* src = base + (va_i64)(row0 + first) * token_stride + chunk * 8;
     va_u16* dst = smem + first * 64 + (chunk ^ (first % 8)) * 8;
-    // (Wider heads keep the slab loop rolled: the copying warps have few registers.)
-#pragma unroll(T::SLABS == 1 || T::SLABS == 2 ? T::SLABS : 1)
+    // (The slab loop stays rolled: the copying warps have 32 to 56 registers, and whole K and
+    // V tiles come by TMA, so this path serves Q and the tiles at sequences' ends.)
+#pragma unroll 1
     for (int slab = 0; slab < T::SLABS; ++slab) {
         int elems = dims - slab * 64 - chunk * 8;
         elems = elems < 0 ? 0 : (elems > 8 ? 8 : elems);
@@ -73,16 +84,15 @@ VA_DEVICE void va_load_slabs(va_u16* smem, int thread, const va_u16* base, va_i6
 }
 
 // The same rows into the tail of a VaCoreTile: eight consecutive threads fill one core matrix.
-template <int ROWS, int WIDTH, int THREADS>
+template <typename T, int THREADS>
 VA_DEVICE void va_load_tail(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
-    using T = VaCoreTile<ROWS, WIDTH>;
     const auto copy = [&](va_u16* to, int row, int col) {
         int elems = dims - col;
         elems = row0 + row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
         va_copy16(to, elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base, elems * 2);
     };
     if constexpr (T::TAIL_CHUNKS > 0) {
-        va_for_each_copy<ROWS * T::TAIL_CHUNKS, THREADS, 2>(thread, [&](int i) {
+        va_for_each_copy<T::ROWS * T::TAIL_CHUNKS, THREADS, 2>(thread, [&](int i) {
             const int r8 = i % 8, c = (i / 8) % T::TAIL_CHUNKS, group = i / (8 * T::TAIL_CHUNKS);
             copy(smem + T::TAIL + ((group * T::TAIL_CHUNKS + c) * 8 + r8) * 8, group * 8 + r8, T::SLABS * 64 + c * 8);
         });
@@ -90,42 +100,34 @@ VA_DEVICE void va_load_tail(va_u16* smem, int thread, const va_u16* base, va_i64
 }
 
 // A whole VaCoreTile: the slabs and the tail.
-template <int ROWS, int WIDTH, int THREADS>
+template <typename T, int THREADS>
 VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows,
                                  int dims) {
-    va_load_slabs<ROWS, WIDTH, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
-    va_load_tail<ROWS, WIDTH, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
+    va_load_slabs<T, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
+    va_load_tail<T, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
 }
 
 // The descriptor of k-step kk (16 columns) of the rows from `first_row` (a multiple of 8) of a
-// K-major VaCoreTile: in a slab, the 32-byte step within its atoms; in the tail, two core
-// matrices.
-template <int ROWS, int WIDTH> VA_DEVICE va_u64 va_k_major_descriptor(const va_u16* tile, int first_row, int kk) {
-    using T = VaCoreTile<ROWS, WIDTH>;
-    if (kk < T::SLABS * 4) return va_wgmma_descriptor(tile + (kk / 4) * T::SLAB + first_row * 64 + (kk % 4) * 16, 16, 1024, 1);
-    return va_wgmma_descriptor(tile + T::TAIL + first_row * T::TAIL_CHUNKS * 8 + (kk - T::SLABS * 4) * 128, 128, T::TAIL_CHUNKS * 128);
+// K-major VaCoreTile T at `tile16` (`va_smem_address16`): in a slab, the 32-byte step within its
+// atoms; in the tail, two core matrices. Offsets are in elements, 8 to a 16-byte unit.
+template <typename T> VA_DEVICE va_u64 va_k_major_descriptor(va_u32 tile16, int first_row, int kk) {
+    if (kk < T::SLABS * 4) return va_wgmma_descriptor16(tile16 + ((kk / 4) * T::SLAB + first_row * 64 + (kk % 4) * 16) / 8, 16, 1024, 1);
+    return va_wgmma_descriptor16(tile16 + (T::TAIL + first_row * T::TAIL_CHUNKS * 8 + (kk - T::SLABS * 4) * 128) / 8, 128,
+                                 T::TAIL_CHUNKS * 128);
 }
 
-// O[:, N0 : N0 + REST) += P V for the 16-key step kk, one instruction per piece: up to 128
-// columns at a time from the slabs (MN-major, 128-byte swizzle: atoms along N one slab apart,
-// along K 1024 bytes apart), then 64, 32, 16 or 8 from the tail. head_dim_v 72 is 64 + 8, with
-// no padded columns.
+// O[:, N0 : N0 + REST) += P V for the 16-key step kk of the V tile at `v16`, one instruction
+// per piece of up to 128 columns (MN-major, 128-byte swizzle: atoms along N one slab apart,
+// along K 1024 bytes apart): head_dim_v 72 is one instruction of N = 72 over a slab and 8
+// columns of the next.
 template <int N0, int REST>
-VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&a)[4], const va_u16* vs, int kk) {
+VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&a)[4], va_u32 v16, int kk) {
     if constexpr (REST > 0) {
-        using T = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>;
-        constexpr bool SLAB = N0 < T::SLABS * 64;
-        constexpr int AVAILABLE = SLAB ? T::SLABS * 64 - N0 : REST;
-        constexpr int P = AVAILABLE >= 128 ? 128 : AVAILABLE >= 64 ? 64 : AVAILABLE >= 32 ? 32 : AVAILABLE >= 16 ? 16 : 8;
-        va_u64 b;
-        if constexpr (SLAB) {
-            b = va_wgmma_descriptor(vs + (N0 / 64) * T::SLAB + kk * 16 * 64, T::SLAB * 2, 1024, 1);
-        } else {
-            b = va_wgmma_descriptor(vs + T::TAIL + kk * 2 * T::TAIL_CHUNKS * 64 + ((N0 - T::SLABS * 64) / 8) * 64,
-                                    T::TAIL_CHUNKS * 128, 128);
-        }
+        static_assert(N0 % 64 == 0, "every piece starts on a slab");
+        constexpr int P = REST >= 128 ? 128 : REST;
+        const va_u64 b = va_wgmma_descriptor16(v16 + ((N0 / 64) * VaVTile::SLAB + kk * 16 * 64) / 8, VaVTile::SLAB * 2, 1024, 1);
         VaWgmma<P>::template rs<1>(*reinterpret_cast<float(*)[P / 2]>(&o[N0 / 8][0]), a, b, 1);
-        va_wgmma_pv<N0 + P, REST - P>(o, a, vs, kk);
+        va_wgmma_pv<N0 + P, REST - P>(o, a, v16, kk);
     }
 }
 
@@ -135,12 +137,9 @@ VA_DEVICE void va_wgmma_pv(float (&o)[VA_HEAD_DIM_V_PAD / 8][4], const va_u32 (&
 // them, and Q is refilled once per tile that has keys (its "round"), into VA_Q_BUFFERS
 // buffers in turn: with two, the next tile's Q is loaded while the last one's is still read.
 struct VaWgmmaSmem {
-    static constexpr int Q_TILE = VaCoreTile<VA_BLOCK_M, VA_HEAD_DIM_PAD>::ELEMS;
-    static constexpr int K_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_PAD>::ELEMS;
-    static constexpr int V_TILE = VaCoreTile<VA_BLOCK_N, VA_HEAD_DIM_V_PAD>::ELEMS;
-    va_u16* q; // [VA_Q_BUFFERS][Q_TILE]
-    va_u16* k; // [VA_STAGES][K_TILE]
-    va_u16* v; // [VA_STAGES][V_TILE]
+    va_u16* q; // [VA_Q_BUFFERS][VaQTile::ELEMS]
+    va_u16* k; // [VA_STAGES][VaKTile::ELEMS]
+    va_u16* v; // [VA_STAGES][VaVTile::ELEMS]
     va_u64* k_full;
     va_u64* v_full;
     va_u64* k_empty;
@@ -169,13 +168,15 @@ VA_DEVICE int va_q_phase(int round) { return (round / VA_Q_BUFFERS) & 1; }
 // faster at head_dim 72, 6% slower at 128, whose larger values then arrive late; where between
 // the two it turns is not measured). A stage's "full" barrier counts one arrival from the
 // first copying thread (with the TMA bytes it expects) and one per copying thread's cp.async.
-// Key (or value) tile i of the tile, the block's n-th, into its stage, by the copying warpgroup.
-template <int WIDTH>
-VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, int tile_elems, va_u64* full, va_u64* empty, const VaTensorMap* map,
+// V's partly used last slab comes by TMA too: the box's columns past the head's are out of the
+// tensor, which TMA fills with zeros (and counts in the bytes).
+// Key (or value) tile i of the tile, the block's n-th, into its stage (a VaCoreTile T), by the
+// copying warpgroup.
+template <typename T>
+VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, va_u64* full, va_u64* empty, const VaTensorMap* map,
                              const va_u16* base, va_i64 token_stride, int dims, int i, int n, int thread, bool tma) {
-    using T = VaCoreTile<VA_BLOCK_N, WIDTH>;
     const int stage = va_stage(n), key0 = (tile.j_begin + i) * VA_BLOCK_N;
-    va_u16* dst = stages + stage * tile_elems;
+    va_u16* dst = stages + stage * T::ELEMS;
     va_mbarrier_wait(&empty[stage], va_phase(n) ^ 1);
     if (T::SLABS > 0 && tma && key0 + VA_BLOCK_N <= tile.lk) {
         if (thread == 0) {
@@ -183,9 +184,9 @@ VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, int tile_elems,
             for (int slab = 0; slab < T::SLABS; ++slab)
                 va_tma_load_3d(dst + slab * T::SLAB, map, slab * 64, tile.kv_head, tile.k_start + key0, &full[stage]);
         }
-        va_load_tail<VA_BLOCK_N, WIDTH, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
+        va_load_tail<T, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
     } else {
-        va_load_core_tile<VA_BLOCK_N, WIDTH, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
+        va_load_core_tile<T, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
         if (thread == 0) va_mbarrier_arrive(&full[stage]);
     }
     va_copy_arrive(&full[stage]);
@@ -206,16 +207,16 @@ VA_DEVICE void va_produce_tiles(const VaParams& p, const VaWgmmaSmem& sm, const 
         if (tiles == 0) return;
         const int q = va_q_buffer(round);
         va_mbarrier_wait(&sm.q_empty[q], va_q_phase(round) ^ 1);
-        va_load_core_tile<VA_BLOCK_M, VA_HEAD_DIM_PAD, VA_PRODUCER_THREADS>(sm.q + q * VaWgmmaSmem::Q_TILE, thread, tile.q,
-                                                                            p.q_token_stride, tile.m0, tile.lq, p.head_dim);
+        va_load_core_tile<VaQTile, VA_PRODUCER_THREADS>(sm.q + q * VaQTile::ELEMS, thread, tile.q, p.q_token_stride, tile.m0,
+                                                        tile.lq, p.head_dim);
         va_copy_arrive(&sm.q_full[q]);
         const auto load_keys = [&](int i) {
-            va_load_stage<VA_HEAD_DIM_PAD>(tile, sm.k, VaWgmmaSmem::K_TILE, sm.k_full, sm.k_empty, k_map, tile.k, p.k_token_stride,
-                                           p.head_dim, i, first + i, thread, tma);
+            va_load_stage<VaKTile>(tile, sm.k, sm.k_full, sm.k_empty, k_map, tile.k, p.k_token_stride, p.head_dim, i, first + i,
+                                   thread, tma);
         };
         const auto load_values = [&](int i) {
-            va_load_stage<VA_HEAD_DIM_V_PAD>(tile, sm.v, VaWgmmaSmem::V_TILE, sm.v_full, sm.v_empty, v_map, tile.v, p.v_token_stride,
-                                             p.head_dim_v, i, first + i, thread, tma);
+            va_load_stage<VaVTile>(tile, sm.v, sm.v_full, sm.v_empty, v_map, tile.v, p.v_token_stride, p.head_dim_v, i, first + i,
+                                   thread, tma);
         };
         if (VA_KEYS_AHEAD) load_keys(0);
         for (int i = 0; i < tiles; ++i) {
@@ -247,43 +248,51 @@ VA_DEVICE void va_release_q(const VaWgmmaSmem& sm, int round) {
     if (threadIdx.x % VA_WARP == 0) va_mbarrier_arrive(&sm.q_empty[va_q_buffer(round)]);
 }
 
-// Two computing warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong): a
-// warpgroup issues its products only when the other has issued its own, so that one's softmax
-// runs while the other's products do. Barrier VA_TURN + g is warpgroup g's turn. A lone
-// computing warpgroup has no one to wait for.
+// The computing warpgroups take turns at the tensor cores (FlashAttention-3's ping-pong): a
+// warpgroup issues its products only when the one before it (in a ring) has issued its own, so
+// that one's softmax runs while the others' products do. Barrier VA_TURN + g is warpgroup g's
+// turn, met by its 128 threads and the 128 of the warpgroup passing it. A lone computing
+// warpgroup has no one to wait for. Three (192-row tiles) suit narrow heads, whose products are
+// short beside the softmax.
 #define VA_GROUPS (VA_WARPS / 4)
-static_assert(VA_GROUPS == 1 || VA_GROUPS == 2, "one or two computing warpgroups");
+static_assert(VA_GROUPS >= 1 && VA_GROUPS <= 3, "one to three computing warpgroups");
 #define VA_TURN 1
 VA_DEVICE void va_take_turn(int group) {
-    if (VA_GROUPS == 2) va_named_sync(VA_TURN + group, VA_THREADS);
+    if (VA_GROUPS > 1) va_named_sync(VA_TURN + group, 2 * 128);
 }
 VA_DEVICE void va_pass_turn(int group) {
-    if (VA_GROUPS == 2) va_named_arrive(VA_TURN + (group ^ 1), VA_THREADS);
+    if (VA_GROUPS > 1) va_named_arrive(VA_TURN + (group + 1) % VA_GROUPS, 2 * 128);
 }
 
 // S = Q K^T for this warpgroup's 64 rows, issued (not waited for): both operands K-major in
-// shared memory.
+// shared memory, Q's tile at `q16` and the K tile at `k16` (`va_smem_address16`).
 template <int NS>
-VA_DEVICE void va_issue_scores(float (&s)[NS][4], const va_u16* q_smem, int q_first, const va_u16* ks) {
+VA_DEVICE void va_issue_scores(float (&s)[NS][4], va_u32 q16, int q_first, va_u32 k16) {
     float(&s_flat)[NS * 4] = reinterpret_cast<float(&)[NS * 4]>(s);
     va_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < VA_HEAD_DIM_PAD / 16; ++kk) {
-        VaWgmma<VA_BLOCK_N>::ss<0>(s_flat, va_k_major_descriptor<VA_BLOCK_M, VA_HEAD_DIM_PAD>(q_smem, q_first, kk),
-                                   va_k_major_descriptor<VA_BLOCK_N, VA_HEAD_DIM_PAD>(ks, 0, kk), kk > 0);
+        VaWgmma<VA_BLOCK_N>::ss<0>(s_flat, va_k_major_descriptor<VaQTile>(q16, q_first, kk), va_k_major_descriptor<VaKTile>(k16, 0, kk),
+                                   kk > 0);
     }
     va_wgmma_commit();
 }
 
-// O += P V, issued: P from registers, V MN-major in shared memory.
+// O += P V, issued: P from registers, V MN-major in shared memory at `v16`.
 template <int NO>
-VA_DEVICE void va_issue_values(float (&o)[NO][4], const va_u32 (&pf)[VA_BLOCK_N / 16][4], const va_u16* vs) {
+VA_DEVICE void va_issue_values(float (&o)[NO][4], const va_u32 (&pf)[VA_BLOCK_N / 16][4], va_u32 v16) {
     va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
     va_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_wgmma_pv<0, VA_HEAD_DIM_V_PAD>(o, pf[kk], vs, kk);
+    for (int kk = 0; kk < VA_BLOCK_N / 16; ++kk) va_wgmma_pv<0, VA_HEAD_DIM_V_PAD>(o, pf[kk], v16, kk);
     va_wgmma_commit();
 }
+
+// The 16-byte addresses of the stage holding the block's key (or value) tile n, and of Q's
+// buffer for round r: the descriptors of every instruction are these plus constants.
+VA_DEVICE va_u32 va_k_stage16(const VaWgmmaSmem& sm, int n) { return va_smem_address16(sm.k) + va_stage(n) * (VaKTile::ELEMS / 8); }
+VA_DEVICE va_u32 va_v_stage16(const VaWgmmaSmem& sm, int n) { return va_smem_address16(sm.v) + va_stage(n) * (VaVTile::ELEMS / 8); }
+VA_DEVICE va_u32 va_q_buffer16(const VaWgmmaSmem& sm, int r) { return va_smem_address16(sm.q) + va_q_buffer(r) * (VaQTile::ELEMS / 8); }
 
 // A computing warpgroup: its 64 query rows of one tile against the tile's key tiles, the
 // block's from `first` on, with Q's round `round`. The score product of key tile i runs
@@ -293,7 +302,10 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
-    const int g = lane / 4, t = lane % 4, group = warp / 4;
+    const int g = lane / 4, t = lane % 4;
+    // The warpgroup, read through a shuffle so that the compiler knows it is the same across the
+    // warp: Q's descriptors then stay in uniform registers (as CUTLASS does).
+    const int group = __shfl_sync(0xffffffffu, warp / 4, 0);
     const int q_first = group * 64;
     const int warp_first = tile.m0 + warp * 16;
     const int warp_last = min(warp_first + 15, tile.lq - 1);
@@ -329,12 +341,12 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
             if (i == tiles - 1) va_release_q(sm, round);
         };
 
-        if (group == 1) va_pass_turn(group); // warpgroup 0 goes first
-        const va_u16* q = sm.q + va_q_buffer(round) * VaWgmmaSmem::Q_TILE;
+        if (group == VA_GROUPS - 1) va_pass_turn(group); // warpgroup 0 goes first
+        const va_u32 q16 = va_q_buffer16(sm, round);
         va_mbarrier_wait(&sm.q_full[va_q_buffer(round)], va_q_phase(round));
         va_wait_stage(sm.k_full, first);
         va_take_turn(group);
-        va_issue_scores(s, q, q_first, sm.k + va_stage(first) * VaWgmmaSmem::K_TILE);
+        va_issue_scores(s, q16, q_first, va_k_stage16(sm, first));
         va_pass_turn(group);
         va_wgmma_wait<0>();
         va_fence_registers(s_flat);
@@ -346,10 +358,10 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
             const int n = first + i;
             va_wait_stage(sm.k_full, n);
             va_take_turn(group);
-            va_issue_scores(s, q, q_first, sm.k + va_stage(n) * VaWgmmaSmem::K_TILE);
+            va_issue_scores(s, q16, q_first, va_k_stage16(sm, n));
             va_rescale_fragment(o, alpha);
             va_wait_stage(sm.v_full, n - 1);
-            va_issue_values(o, pf, sm.v + va_stage(n - 1) * VaWgmmaSmem::V_TILE);
+            va_issue_values(o, pf, va_v_stage16(sm, n - 1));
             va_pass_turn(group);
             va_wgmma_wait<1>(); // the scores
             va_fence_registers(s_flat);
@@ -365,10 +377,10 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         va_rescale_fragment(o, alpha);
         va_wait_stage(sm.v_full, last);
         va_take_turn(group);
-        va_issue_values(o, pf, sm.v + va_stage(last) * VaWgmmaSmem::V_TILE);
-        // Named barriers must balance: warpgroup 0 passes its last turn to warpgroup 1, whose
-        // own last pass would have no taker.
-        if (group == 0) va_pass_turn(group);
+        va_issue_values(o, pf, va_v_stage16(sm, last));
+        // Named barriers must balance: every warpgroup but the last passes its last turn on; the
+        // last one's would have no taker (it passed one ahead, to start the tile).
+        if (group != VA_GROUPS - 1) va_pass_turn(group);
         va_wgmma_wait<0>();
         va_fence_registers(o_flat);
         va_release_stage(sm.v_empty, last);
@@ -398,9 +410,9 @@ VA_DEVICE void va_attention_wgmma(const VaParams& p, va_u16* smem, const VaTenso
     smem += ((1024 - (va_smem_addr(smem) & 1023)) & 1023) / 2;
     VaWgmmaSmem sm;
     sm.q = smem;
-    sm.k = sm.q + VA_Q_BUFFERS * VaWgmmaSmem::Q_TILE;
-    sm.v = sm.k + VA_STAGES * VaWgmmaSmem::K_TILE;
-    sm.k_full = reinterpret_cast<va_u64*>(sm.v + VA_STAGES * VaWgmmaSmem::V_TILE);
+    sm.k = sm.q + VA_Q_BUFFERS * VaQTile::ELEMS;
+    sm.v = sm.k + VA_STAGES * VaKTile::ELEMS;
+    sm.k_full = reinterpret_cast<va_u64*>(sm.v + VA_STAGES * VaVTile::ELEMS);
     sm.v_full = sm.k_full + VA_STAGES;
     sm.k_empty = sm.k_full + 2 * VA_STAGES;
     sm.v_empty = sm.k_full + 3 * VA_STAGES;

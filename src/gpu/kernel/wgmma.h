@@ -19,9 +19,13 @@
 // K and stride along M or N; 128-byte swizzle, K-major: stride between 8-row atoms (leading
 // unused); MN-major: leading between atoms along M or N, stride between 8-row atoms along K.
 // Addresses and distances are encoded in 16-byte units.
-VA_DEVICE va_u64 va_wgmma_descriptor(const void* smem, va_u32 leading, va_u32 stride, va_u32 swizzle = 0) {
-    return (va_u64)((va_smem_addr(smem) & 0x3ffff) >> 4) | ((va_u64)((leading >> 4) & 0x3fff) << 16) |
-           ((va_u64)((stride >> 4) & 0x3fff) << 32) | ((va_u64)swizzle << 62);
+//
+// The start address is the low field, so a descriptor is a tile's 16-byte address
+// (`va_smem_address16`, taken once) plus constants: one addition per instruction (an addition,
+// not an or, so that the constants fold; the address stays below 2^14).
+VA_DEVICE va_u32 va_smem_address16(const void* smem) { return (va_smem_addr(smem) & 0x3ffff) >> 4; }
+VA_DEVICE va_u64 va_wgmma_descriptor16(va_u32 address16, va_u32 leading, va_u32 stride, va_u32 swizzle = 0) {
+    return (va_u64)(address16 + (((leading >> 4) & 0x3fff) << 16)) | ((va_u64)(((stride >> 4) & 0x3fff) | swizzle << 30) << 32);
 }
 
 // Orders this thread's earlier register writes before the next warpgroup MMAs read them.
@@ -41,40 +45,6 @@ template <int R> VA_DEVICE void va_fence_registers(float (&r)[R]) {
 VA_DEVICE void va_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 template <int N> struct VaWgmma;
-
-template <> struct VaWgmma<8> {
-    template <int TRANS_B>
-    static VA_DEVICE void ss(float (&d)[4], va_u64 a, va_u64 b, int accumulate) {
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16." VA_WGMMA_TYPES " {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, %7; }\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_B));
-    }
-    template <int TRANS_B>
-    static VA_DEVICE void rs(float (&d)[4], const va_u32 (&a)[4], va_u64 b, int accumulate) {
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %9, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16." VA_WGMMA_TYPES " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %10; }\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TRANS_B));
-    }
-};
-
-template <> struct VaWgmma<16> {
-    template <int TRANS_B>
-    static VA_DEVICE void ss(float (&d)[8], va_u64 a, va_u64 b, int accumulate) {
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %10, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16." VA_WGMMA_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, %11; }\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                     : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_B));
-    }
-    template <int TRANS_B>
-    static VA_DEVICE void rs(float (&d)[8], const va_u32 (&a)[4], va_u64 b, int accumulate) {
-        asm volatile("{ .reg .pred p; setp.ne.b32 p, %13, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16." VA_WGMMA_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, %14; }\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TRANS_B));
-    }
-};
 
 template <> struct VaWgmma<32> {
     template <int TRANS_B>
@@ -118,6 +88,51 @@ template <> struct VaWgmma<64> {
     }
 };
 
+// Single-instruction value products for the head widths between the slabs (72, 80, 96:
+// the second slab partly used), A from registers only.
+template <> struct VaWgmma<72> {
+    template <int TRANS_B>
+    static VA_DEVICE void rs(float (&d)[36], const va_u32 (&a)[4], va_u64 b, int accumulate) {
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %41, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n72k16." VA_WGMMA_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, {%36, %37, %38, %39}, %40, p, 1, 1, %42; }\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TRANS_B));
+    }
+};
+
+template <> struct VaWgmma<80> {
+    template <int TRANS_B>
+    static VA_DEVICE void rs(float (&d)[40], const va_u32 (&a)[4], va_u64 b, int accumulate) {
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %45, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n80k16." VA_WGMMA_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, {%40, %41, %42, %43}, %44, p, 1, 1, %46; }\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TRANS_B));
+    }
+};
+
+template <> struct VaWgmma<96> {
+    template <int TRANS_B>
+    static VA_DEVICE void rs(float (&d)[48], const va_u32 (&a)[4], va_u64 b, int accumulate) {
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %53, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n96k16." VA_WGMMA_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, %52, p, 1, 1, %54; }\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TRANS_B));
+    }
+};
+
 template <> struct VaWgmma<128> {
     template <int TRANS_B>
     static VA_DEVICE void ss(float (&d)[64], va_u64 a, va_u64 b, int accumulate) {
@@ -146,5 +161,25 @@ template <> struct VaWgmma<128> {
                        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
                        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TRANS_B));
+    }
+};
+template <> struct VaWgmma<192> {
+    template <int TRANS_B>
+    static VA_DEVICE void ss(float (&d)[96], va_u64 a, va_u64 b, int accumulate) {
+        asm volatile("{ .reg .pred p; setp.ne.b32 p, %98, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n192k16." VA_WGMMA_TYPES " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, %96, %97, p, 1, 1, 0, %99; }\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                       "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                       "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                       "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                       "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                       "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                       "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                       "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                       "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                       "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                       "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                       "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+                     : "l"(a), "l"(b), "r"(accumulate), "n"(TRANS_B));
     }
 };
