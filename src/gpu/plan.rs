@@ -151,9 +151,9 @@ impl Variant {
         }
     }
 
-    /// Hopper: three K/V stages, which give the copies more lead, and two Q buffers where
-    /// shared memory has room for both, else the first of three stages and one Q buffer, two
-    /// and two, two and one that fits.
+    /// Hopper: the most K/V stages (they give the copies more lead), then the most Q buffers,
+    /// that shared memory holds: three stages and two buffers, else three and one, else two
+    /// and two, else two and one.
     pub fn with_hopper_stages(self) -> Self {
         [(3, 2), (3, 1), (2, 2)]
             .into_iter()

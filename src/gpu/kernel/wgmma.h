@@ -163,6 +163,8 @@ template <> struct VaWgmma<128> {
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate), "n"(TRANS_B));
     }
 };
+
+// The score product of 192-key tiles (narrow heads on long sequences).
 template <> struct VaWgmma<192> {
     template <int TRANS_B>
     static VA_DEVICE void ss(float (&d)[96], va_u64 a, va_u64 b, int accumulate) {
