@@ -229,10 +229,10 @@ fn huge_scales_with_key_splits_on_the_gpu() {
     }
 }
 
-/// A batch of 320 (query tile, head) pairs on 132 multiprocessors: the 56 pairs of its last,
-/// partly filled wave split their keys (the plan's tests pin it), the other pairs run whole.
-/// The split pairs mix sequences (a 1-token one among them, whose second split sees no key),
-/// heads of a GQA group, and masks that leave some splits without a visible key.
+/// A batch of 160 (query tile, head) pairs on 132 multiprocessors: the 28 pairs of its last,
+/// partly filled wave split their keys four ways (the plan's tests pin it), the other pairs run
+/// whole. The split pairs mix sequences (a 1-token one among them, whose later splits see no
+/// key), heads of a GQA group, and masks that leave some splits without a visible key.
 #[test]
 fn batches_whose_last_wave_is_split_match_the_oracle() {
     if device().is_none() {
@@ -241,9 +241,9 @@ fn batches_whose_last_wave_is_split_match_the_oracle() {
     let mut rng = common::Rng::new(17);
     let lengths = [1200, 700, 300, 1];
     let tokens = lengths.iter().sum();
-    let q = uniform::<bf16>(&mut rng, (tokens, 16, 72), 2.0);
-    let k = uniform::<bf16>(&mut rng, (tokens, 4, 72), 2.0);
-    let v = uniform::<bf16>(&mut rng, (tokens, 4, 72), 2.0);
+    let q = uniform::<bf16>(&mut rng, (tokens, 8, 72), 2.0);
+    let k = uniform::<bf16>(&mut rng, (tokens, 2, 72), 2.0);
+    let v = uniform::<bf16>(&mut rng, (tokens, 2, 72), 2.0);
     for (causal, softcap, window_left) in [(false, None, None), (true, None, Some(300)), (false, Some(20.0), None)] {
         let p = Params { causal, softcap, window_left, ..Params::default() };
         check_paths(&GPU, &q, &k, &v, &lengths, &lengths, &p).unwrap();

@@ -21,13 +21,13 @@ const MAX_SPLITS: usize = 16;
 /// µs, sparing 512 took shape 13 from 13.4 to 17.6).
 const MIN_SPARED_SCORES: usize = 64 * 1024;
 
-/// Query rows times keys rounded up to whole key tiles of `block_n`: the scores a call computes,
-/// the padding of each sequence's last key tile included.
-fn padded_scores(problem: &Problem, block_n: usize) -> usize {
+/// Query rows times keys, each rounded up to whole tiles of `block_m` rows and `block_n` keys:
+/// the scores a call computes, the padding of each sequence's last tiles included.
+fn padded_scores(problem: &Problem, block_m: usize, block_n: usize) -> usize {
     (0..problem.batch())
         .map(|b| {
             let s = problem.sequence(b);
-            s.q_len * s.k_len.next_multiple_of(block_n)
+            s.q_len.next_multiple_of(block_m) * s.k_len.next_multiple_of(block_n)
         })
         .sum()
 }
@@ -176,7 +176,14 @@ impl Variant {
 
     /// Hopper's tiles for `problem`. A problem whose 128-row tiles would not fill half the
     /// multiprocessors takes 64-row tiles (one computing warpgroup each): twice the blocks,
-    /// each half the work, where a block's fixed cost is most of the time. Heads up to 96 wide
+    /// each half the work, where a block's fixed cost is most of the time. Heads of at most 80
+    /// (K) and 72 (V) columns take 192-row tiles (three computing warpgroups, whose turns at
+    /// the tensor cores cover the softmax better where the products are short) where those
+    /// fill a wave of multiprocessors and pad the rows at most 13% more: on the H200 10-14%
+    /// faster on long head_dim-72 sequences, 8% on 16 × 1024 tokens (12.5% more rows); slower
+    /// with fewer tiles than multiprocessors (4 heads × 4100 tokens: 28%), with rows half
+    /// padding (64 × 256: 23%), and on wider heads, whose accumulators spill from the 160
+    /// registers a computing thread then gets. Other heads up to 96 wide
     /// take 192-key tiles where they pad the keys by at most 2% more than 128-key ones: per
     /// key they ran 3-6% faster on the H200 (fewer fixed costs per tile), but each sequence's
     /// last tile pads up to 191 keys, which short sequences pay for (16 images × 1024 tokens:
@@ -184,19 +191,27 @@ impl Variant {
     /// keys. Then whatever the tuning switches force.
     fn hopper_tiles(self, problem: &Problem, multiprocessors: usize, tuning: &Tuning, lengths_known: bool) -> Self {
         let mut variant = self;
-        let query_tiles: usize = (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(self.block_m())).sum();
-        let small = 2 * query_tiles * problem.num_heads <= multiprocessors;
+        let query_tiles =
+            |rows: usize| -> usize { (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(rows)).sum() };
+        let small = 2 * query_tiles(self.block_m()) * problem.num_heads <= multiprocessors;
+        let tall_tiles_pay = lengths_known
+            && !small
+            && self.head_dim_pad <= 80
+            && self.head_dim_v_pad <= 72
+            && query_tiles(192) * problem.num_heads >= multiprocessors
+            && 100 * padded_scores(problem, 192, self.block_n) <= 113 * padded_scores(problem, 128, self.block_n);
         match tuning.block_m {
             Some(64) => variant = variant.with_one_warpgroup(),
             Some(192) => variant = variant.with_three_warpgroups(),
             None if small => variant = variant.with_one_warpgroup(),
+            None if tall_tiles_pay => variant = variant.with_three_warpgroups(),
             _ => {}
         }
         let widest = variant.head_dim_pad.max(variant.head_dim_v_pad);
         let wide_tiles_pay = lengths_known
             && widest <= 96
             && variant.warps == 8
-            && 50 * padded_scores(problem, 192) <= 51 * padded_scores(problem, variant.block_n);
+            && 50 * padded_scores(problem, 1, 192) <= 51 * padded_scores(problem, 1, variant.block_n);
         let block_n = tuning.block_n.or(wide_tiles_pay.then_some(192));
         if let Some(block_n) = block_n.filter(|_| widest <= 128) {
             variant = Variant { block_n, ..variant }.with_hopper_stages();
@@ -796,9 +811,9 @@ mod tests {
     }
 
     #[test]
-    fn narrow_heads_take_192_key_tiles_where_they_pad_little() {
+    fn narrow_heads_take_192_row_or_192_key_tiles_where_they_pad_little() {
         let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
-        let block_n = |lengths: &[usize], d: usize| {
+        let tiles = |lengths: &[usize], d: usize| {
             let mut cu = vec![0i32];
             for &l in lengths {
                 cu.push(cu.last().unwrap() + l as i32);
@@ -806,16 +821,21 @@ mod tests {
             let total = *cu.last().unwrap() as usize;
             let problem =
                 Problem::new([total, 16, d], [total, 16, d], [total, 16, d], &cu, &cu, &Params::default()).unwrap();
-            Plan::new(&problem, false, hopper, &Tuning::default(), Operands::default()).variant.block_n
+            let v = Plan::new(&problem, false, hopper, &Tuning::default(), Operands::default()).variant;
+            (v.block_m(), v.block_n)
         };
-        // 17296 keys pad 112 keys at 128, 176 at 192 (0.4% more): 192.
-        assert_eq!(block_n(&[17296], 72), 192);
-        // 1024 keys are 8 whole tiles of 128 and pad 128 at 192 (12.5% more): 128.
-        assert_eq!(block_n(&[1024; 16], 72), 128);
-        assert_eq!(block_n(&[256; 64], 64), 128);
-        // Wider heads keep 128.
-        assert_eq!(block_n(&[17296], 128), 128);
-        // With cu_seqlens on the device the host sees only a bound on the tokens: 128.
+        // 17296 rows: 91 tiles of 192 per head (1456 with 16 heads), 0.4% more padding.
+        assert_eq!(tiles(&[17296], 72), (192, 128));
+        // 16 × 1024: 12.5% more rows; 64 × 256: 50% more; 1200 rows: 112 tiles of 192.
+        assert_eq!(tiles(&[1024; 16], 72), (192, 128));
+        assert_eq!(tiles(&[256; 64], 72), (128, 128));
+        assert_eq!(tiles(&[1200], 72), (128, 128));
+        // Wider heads: two warpgroups, and 192 keys where they pad at most 2% more (17296 keys
+        // pad 112 at 128, 176 at 192; 16 × 1024 pad none at 128, 128 at 192).
+        assert_eq!(tiles(&[17296], 80), (128, 192));
+        assert_eq!(tiles(&[1024; 16], 80), (128, 128));
+        assert_eq!(tiles(&[17296], 128), (128, 128));
+        // With cu_seqlens on the device the host sees only a bound on the tokens: 128 × 128.
         let (cu, shape) = ([0, 17296], [17296, 16, 72]);
         let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
         let device = Plan::with_device_seqlens(
@@ -827,7 +847,7 @@ mod tests {
             &Tuning::default(),
             Operands::default(),
         );
-        assert_eq!(device.variant.block_n, 128);
+        assert_eq!((device.variant.block_m(), device.variant.block_n), (128, 128));
     }
 
     #[test]
@@ -849,11 +869,12 @@ mod tests {
         let tall = with(Tuning { block_m: Some(192), ..Tuning::default() });
         assert_eq!((tall.block_m(), tall.threads(), tall.block_n, tall.stages, tall.q_buffers), (192, 512, 128, 3, 2));
         assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
-        // A problem that fills the GPU keeps 128-row tiles unless told otherwise.
+        // A problem that fills the GPU with 192-row tiles takes them unless told otherwise.
         let (cu, shape) = ([0, 16384], [16384, 16, 72]);
         let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
         let with = |tuning: Tuning| Plan::new(&large, false, hopper, &tuning, Operands::default()).variant.block_m();
-        assert_eq!((with(Tuning::default()), with(Tuning { block_m: Some(64), ..Tuning::default() })), (128, 64));
+        let forced = |block_m| with(Tuning { block_m: Some(block_m), ..Tuning::default() });
+        assert_eq!((with(Tuning::default()), forced(64), forced(128)), (192, 64, 128));
         let long = plan_one(Target::Mma, 4096, 1);
         let cu = [0, 4096];
         let shape = [4096, 1, 72];
@@ -919,9 +940,10 @@ mod tests {
         assert_eq!(plan_one(Target::Wgmma, 4096, 1).splits, 2);
         // The shortest single-head case of tests/gpu.rs's key-split suite splits on both.
         assert_eq!((plan_one(Target::Wgmma, 1500, 1).splits, plan_one(Target::Mma, 1500, 1).splits), (5, 12));
-        // Problems that fill the GPU are not split.
+        // Problems that fill the GPU split at most their last wave's pairs.
         assert_eq!(plan_one(Target::Mma, 16384, 16).splits, 1);
-        assert_eq!(plan_one(Target::Wgmma, 16384, 16).splits, 1);
+        let large = plan_one(Target::Wgmma, 16384, 16);
+        assert_eq!((large.variant.block_m(), large.tiles * large.heads, large.split_pairs), (192, 1376, 1376 % 132));
     }
 
     #[test]
@@ -947,15 +969,21 @@ mod tests {
 
     #[test]
     fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_split_only_a_last_wave() {
-        // 64-row tiles for shapes 11-14 and 20; no shape smaller than one wave is split; the
-        // pairs of a partly filled last wave are, where that spares enough (shape 1: 160 pairs,
-        // 28 past the first wave, 4 splits of its 10 key tiles; shape 2: 272, 8 past two waves).
+        // 64-row tiles for shapes 11-14 and 20, 192-row ones for the long head_dim-72 shapes
+        // with a wave of them (2-8, 16-19); no shape smaller than one wave is split; the pairs
+        // of a partly filled last wave are, where that spares enough (shape 1: 160 pairs, 28
+        // past the first wave, 4 splits of its 10 key tiles; shape 2: 192 pairs of 192 rows, 60
+        // past the first wave, 2 splits of its 17 key tiles).
         for shape in crate::internal::workloads::SEED_SHAPES {
             let cu = shape.cu_seqlens();
             let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
             let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
             let plan = plan_on(Target::Wgmma, &problem);
-            let block_m = if [11, 12, 13, 14, 20].contains(&shape.index) { 64 } else { 128 };
+            let block_m = match shape.index {
+                11..=14 | 20 => 64,
+                2..=8 | 16..=19 => 192,
+                _ => 128,
+            };
             let pairs = plan.tiles * plan.heads;
             assert_eq!(plan.variant.block_m(), block_m, "shape {}", shape.index);
             if pairs <= 132 {
@@ -972,7 +1000,7 @@ mod tests {
             assert_eq!(plan.grid().0 as usize, plan.units().min(132));
             match shape.index {
                 1 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (28, 4, 244)),
-                2 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (8, 8, 328)),
+                2 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (60, 2, 252)),
                 _ => {}
             }
         }
@@ -980,18 +1008,20 @@ mod tests {
 
     #[test]
     fn a_batchs_last_wave_splits_across_sequences() {
-        // tests/gpu.rs's batch: 10 + 6 + 3 + 1 tiles × 16 heads = 320 pairs, 56 past two waves:
-        // two splits of the longest sequence's 10 key tiles.
+        // tests/gpu.rs's batch: 10 + 6 + 3 + 1 tiles × 8 heads = 160 pairs of 128 rows (too few
+        // 192-row tiles for a wave: 14 × 8), 28 past the first wave (heads 6 and 7, the tiles of
+        // all four sequences among them): four splits of the longest sequence's 10 key tiles.
         let lengths = [0, 1200, 1900, 2200, 2201];
         let problem =
-            Problem::new([2201, 16, 72], [2201, 4, 72], [2201, 4, 72], &lengths, &lengths, &Params::default()).unwrap();
+            Problem::new([2201, 8, 72], [2201, 2, 72], [2201, 2, 72], &lengths, &lengths, &Params::default()).unwrap();
         let plan = plan_on(Target::Wgmma, &problem);
-        assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.units()), (20, 56, 2, 320 + 56));
+        assert_eq!(plan.variant.block_m(), 128);
+        assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.units()), (20, 28, 4, 160 + 3 * 28));
         let params = plan.params(None, Some(1 << 20), None);
-        assert_eq!((params.tiles, params.whole_pairs, params.splits), (20, 264, 2));
-        assert_eq!(plan.workspace_bytes(), 4 * 56 * 2 * 128 * (72 + 1));
-        // 128 rows × 72 columns of each of the 56 pairs, a thread each.
-        assert_eq!(plan.merge_grid(), ((36, 56, 1), 256));
+        assert_eq!((params.tiles, params.whole_pairs, params.splits), (20, 132, 4));
+        assert_eq!(plan.workspace_bytes(), 4 * 28 * 4 * 128 * (72 + 1));
+        // 128 rows × 72 columns of each of the 28 pairs, a thread each.
+        assert_eq!(plan.merge_grid(), ((36, 28, 1), 256));
         // The switch that turns splits off runs every pair whole.
         let whole = Plan::new(
             &problem,
@@ -1000,7 +1030,7 @@ mod tests {
             &Tuning { max_splits: Some(1), ..Tuning::default() },
             Operands::default(),
         );
-        assert_eq!((whole.split_pairs, whole.units(), whole.workspace_bytes()), (0, 320, 0));
+        assert_eq!((whole.split_pairs, whole.units(), whole.workspace_bytes()), (0, 160, 0));
         // Without the persistent grid, a block per unit.
         let blocks = |tuning: Tuning| {
             Plan::new(
@@ -1013,6 +1043,6 @@ mod tests {
             .grid()
         };
         assert_eq!(blocks(Tuning::default()), (132, 1, 1));
-        assert_eq!(blocks(Tuning { no_persistent: true, ..Tuning::default() }), (376, 1, 1));
+        assert_eq!(blocks(Tuning { no_persistent: true, ..Tuning::default() }), (244, 1, 1));
     }
 }
