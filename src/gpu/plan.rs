@@ -830,6 +830,10 @@ mod tests {
         assert_eq!(tiles(&[1024; 16], 72), (192, 128));
         assert_eq!(tiles(&[256; 64], 72), (128, 128));
         assert_eq!(tiles(&[1200], 72), (128, 128));
+        // The mixed batch of nine images (58 tiles of 192 rows per head): head_dim 64 and 72
+        // take 192 rows, 80 does not (its accumulators would spill).
+        let mixed = [720, 1200, 276, 3844, 64, 1, 2116, 1012, 600];
+        assert_eq!((tiles(&mixed, 64), tiles(&mixed, 72), tiles(&mixed, 80)), ((192, 128), (192, 128), (128, 128)));
         // Wider heads: two warpgroups, and 192 keys where they pad at most 2% more (17296 keys
         // pad 112 at 128, 176 at 192; 16 × 1024 pad none at 128, 128 at 192).
         assert_eq!(tiles(&[17296], 80), (128, 192));
