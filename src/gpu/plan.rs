@@ -21,6 +21,21 @@ const MAX_SPLITS: usize = 16;
 /// µs, sparing 512 took shape 13 from 13.4 to 17.6).
 const MIN_SPARED_SCORES: usize = 64 * 1024;
 
+/// The most keys of any sequence among the last `split_pairs` (query tile, head) pairs, which
+/// are the last query tiles of the last head (`va_block_work`: pair i is tile i % tiles of head
+/// i / tiles), or every tile when there are more pairs than tiles; `tile_start` is the
+/// metadata's third row (each sequence's first query tile), after both cu_seqlens.
+fn split_pairs_longest_keys(problem: &Problem, metadata: &[i32], tiles: usize, split_pairs: usize) -> usize {
+    let batch = problem.batch();
+    let tile_start = &metadata[2 * (batch + 1)..];
+    let first_split_tile = tiles - split_pairs.min(tiles);
+    (0..batch)
+        .filter(|&b| tile_start[b + 1] as usize > first_split_tile.max(tile_start[b] as usize))
+        .map(|b| problem.sequence(b).k_len)
+        .max()
+        .unwrap_or(0)
+}
+
 /// Query rows times keys, each rounded up to whole tiles of `block_m` rows and `block_n` keys:
 /// the scores a call computes, the padding of each sequence's last tiles included.
 fn padded_scores(problem: &Problem, block_m: usize, block_n: usize) -> usize {
@@ -427,12 +442,9 @@ impl Plan {
         metadata.extend_from_slice(cu_seqlens_q);
         metadata.extend_from_slice(cu_seqlens_k);
         let mut tiles = 0usize;
-        let mut longest_keys = 0usize;
         for b in 0..problem.batch() {
             metadata.push(tiles as i32);
-            let s = problem.sequence(b);
-            tiles += s.q_len.div_ceil(variant.block_m());
-            longest_keys = longest_keys.max(s.k_len);
+            tiles += problem.sequence(b).q_len.div_ceil(variant.block_m());
         }
         metadata.push(tiles as i32);
 
@@ -441,11 +453,14 @@ impl Plan {
         // pairs run whole, then each of these as many ways as still fit in that one wave (a
         // second, mostly empty wave would double its time: measured 56 µs for shape 0 split 3
         // ways into 288 blocks for 264 slots), each split keeping at least two key tiles to
-        // stream, and only where that spares the longest sequence's blocks MIN_SPARED_SCORES.
+        // stream, and only where that spares the longest of those pairs' sequences
+        // MIN_SPARED_SCORES per block. Their own sequences, not the batch's longest: the mixed
+        // batch's last pairs are its last image's (600 keys), which 15 splits sized for its
+        // 3844-key image cut into mostly empty blocks (measured 4-5% slower than unsplit).
         let pairs = tiles * problem.num_heads;
         let slots = multiprocessors * variant.min_blocks;
         let last_wave = pairs % slots;
-        let key_tiles = longest_keys.div_ceil(variant.block_n);
+        let key_tiles = split_pairs_longest_keys(problem, &metadata, tiles, last_wave).div_ceil(variant.block_n);
         let max_splits = tuning.max_splits.unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
         let splits = if last_wave > 0 && key_tiles >= 4 {
             (slots / last_wave).min(key_tiles / 2).clamp(1, max_splits)
@@ -948,6 +963,29 @@ mod tests {
         assert_eq!(plan_one(Target::Mma, 16384, 16).splits, 1);
         let large = plan_one(Target::Wgmma, 16384, 16);
         assert_eq!((large.variant.block_m(), large.tiles * large.heads, large.split_pairs), (192, 1376, 1376 % 132));
+    }
+
+    #[test]
+    fn only_the_last_pairs_own_sequences_size_their_splits() {
+        // The mixed nine-image batch at head_dim 72: 58 tiles of 192 rows per head, 928 pairs,
+        // 4 past seven waves. Its last four pairs are the last image's (600 keys: five key
+        // tiles, too few to split); with the 3844-token image last they are its, and split.
+        let split = |lengths: &[i32]| {
+            let cu: Vec<i32> = std::iter::once(0)
+                .chain(lengths.iter().scan(0, |t, l| {
+                    *t += l;
+                    Some(*t)
+                }))
+                .collect();
+            let total = *cu.last().unwrap() as usize;
+            let shape = [total, 16, 72];
+            let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+            let plan = plan_on(Target::Wgmma, &problem);
+            assert_eq!((plan.variant.block_m(), plan.tiles * plan.heads), (192, 928));
+            (plan.split_pairs, plan.splits)
+        };
+        assert_eq!(split(&[720, 1200, 276, 3844, 64, 1, 2116, 1012, 600]), (0, 1));
+        assert_eq!(split(&[720, 1200, 276, 64, 1, 2116, 1012, 600, 3844]), (4, 15));
     }
 
     #[test]
