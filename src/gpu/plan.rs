@@ -969,7 +969,8 @@ mod tests {
     fn only_the_last_pairs_own_sequences_size_their_splits() {
         // The mixed nine-image batch at head_dim 72: 58 tiles of 192 rows per head, 928 pairs,
         // 4 past seven waves. Its last four pairs are the last image's (600 keys: five key
-        // tiles, too few to split); with the 3844-token image last they are its, and split.
+        // tiles, of which two splits would spare too few scores); with the 3844-token image
+        // last they are its, and split 15 ways.
         let split = |lengths: &[i32]| {
             let cu: Vec<i32> = std::iter::once(0)
                 .chain(lengths.iter().scan(0, |t, l| {
