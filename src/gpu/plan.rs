@@ -23,13 +23,11 @@ const MIN_SPARED_SCORES: usize = 64 * 1024;
 
 /// The most keys of any sequence among the last `split_pairs` (query tile, head) pairs, which
 /// are the last query tiles of the last head (`va_block_work`: pair i is tile i % tiles of head
-/// i / tiles), or every tile when there are more pairs than tiles; `tile_start` is the
-/// metadata's third row (each sequence's first query tile), after both cu_seqlens.
-fn split_pairs_longest_keys(problem: &Problem, metadata: &[i32], tiles: usize, split_pairs: usize) -> usize {
-    let batch = problem.batch();
-    let tile_start = &metadata[2 * (batch + 1)..];
+/// i / tiles), or every tile when there are more pairs than tiles; `tile_start` holds each
+/// sequence's first query tile (`batch + 1` entries).
+fn split_pairs_longest_keys(problem: &Problem, tile_start: &[i32], tiles: usize, split_pairs: usize) -> usize {
     let first_split_tile = tiles - split_pairs.min(tiles);
-    (0..batch)
+    (0..problem.batch())
         .filter(|&b| tile_start[b + 1] as usize > first_split_tile.max(tile_start[b] as usize))
         .map(|b| problem.sequence(b).k_len)
         .max()
@@ -460,7 +458,8 @@ impl Plan {
         let pairs = tiles * problem.num_heads;
         let slots = multiprocessors * variant.min_blocks;
         let last_wave = pairs % slots;
-        let key_tiles = split_pairs_longest_keys(problem, &metadata, tiles, last_wave).div_ceil(variant.block_n);
+        let tile_start = &metadata[2 * (problem.batch() + 1)..];
+        let key_tiles = split_pairs_longest_keys(problem, tile_start, tiles, last_wave).div_ceil(variant.block_n);
         let max_splits = tuning.max_splits.unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
         let splits = if last_wave > 0 && key_tiles >= 4 {
             (slots / last_wave).min(key_tiles / 2).clamp(1, max_splits)
