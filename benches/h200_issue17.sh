@@ -17,19 +17,9 @@
 # a lease cut short still returns what ran. DEADLINE (seconds, default 560) skips the steps
 # that would not finish before it; SUITE_CASES (default 24) caps the suite's random cases.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${OUT:-h200-out}
-mkdir -p "$out"
+deadline=560
+source "$(dirname "$0")/h200_common.sh"
 bench=$PWD/.gpu-bin/bench-gpu
-deadline=${DEADLINE:-560}
-export PATH=/usr/local/cuda/bin:$PATH
-step() { printf '== %s (%s, %s s)\n' "$1" "$(date +%T)" "$SECONDS"; }
-# Whether `need` more seconds fit before the deadline (else says what it skips).
-room() {
-    if [ $((SECONDS + $1)) -le "$deadline" ]; then return 0; fi
-    echo "skipped: needs $1 s, $((deadline - SECONDS)) s left"
-    return 1
-}
 
 suite=$(ls .gpu-bin/gpu-* 2>/dev/null | head -1)
 if [ -n "$suite" ]; then

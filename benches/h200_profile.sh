@@ -9,21 +9,18 @@
 # Several binaries (e.g. main's and a branch's, both bundled and stripped) are profiled one
 # after another into $OUT/<binary name>-<problem>.txt. DEADLINE (seconds, default 540).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${OUT:-h200-out}
-mkdir -p "$out"
-deadline=${DEADLINE:-540}
-export PATH=/usr/local/cuda/bin:$PATH
+deadline=540
+source "$(dirname "$0")/h200_common.sh"
 [ $# -gt 0 ] || set -- .gpu-bin/bench-gpu
 for binary in "$@"; do
     for problem in 11 0 --batches; do
-        if [ $((SECONDS + 90)) -gt "$deadline" ]; then echo "skipped: $binary $problem"; continue; fi
+        room 90 "$binary $problem" || continue
         name="$(basename "$binary")-${problem#--}"
-        echo "== $name ($SECONDS s)"
+        step "$name"
         VARLEN_ATTN_BENCH_REPEATS=3 timeout 90 ncu --set full --import-source no -k regex:va_attention_forward \
             -s 2 -c 1 "$binary" "$problem" >"$out/$name.txt" 2>&1
         grep -E "Duration|Registers Per|Compute \(SM\) Throughput|Memory Throughput|Issue Slots Busy|Achieved Occupancy|No Eligible" \
             "$out/$name.txt" | sed 's/  */ /g'
     done
 done
-echo "== done ($SECONDS s)"
+step done

@@ -8,13 +8,11 @@
 #   bash benches/h200_switch_sweep.sh
 # Output in $OUT (./h200-out without it); DEADLINE (seconds, default 540) skips what would not fit.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-out=${OUT:-h200-out}
-mkdir -p "$out"
+deadline=540
+source "$(dirname "$0")/h200_common.sh"
 bench=$PWD/.gpu-bin/bench-gpu
-deadline=${DEADLINE:-540}
 
-echo "== clocks during shapes 9 and 10 ($SECONDS s)"
+step "clocks during shapes 9 and 10"
 nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv -lms 100 >"$out/clocks.csv" 2>&1 &
 sampler=$!
@@ -24,15 +22,15 @@ sleep 1
 kill "$sampler"
 
 for switch in default BLOCK_M=64 BLOCK_N=64 BLOCK_N=192 SPLITS=1 STAGES=2 PERSISTENT=0 BLOCK_M=128 Q_BUFFERS=1; do
-    if [ $((SECONDS + 60)) -gt "$deadline" ]; then echo "skipped: $switch"; continue; fi
+    room 60 "$switch" || continue
     env=()
     [ "$switch" = default ] || env=("VARLEN_ATTN_GPU_$switch")
     name=${switch/=/-} # file names without '='
-    echo "== $switch ($SECONDS s)"
+    step "$switch"
     env "${env[@]}" timeout 40 "$bench" 0-3,11-16 | grep '^|' >"$out/small-$name.txt"
     env "${env[@]}" timeout 45 "$bench" --batches | grep '^|' >"$out/batches-$name.txt"
     # "problem: back-to-back ms" for each row
     awk -F'|' 'NR > 2 { printf "%s:%s ", $2, $7 }' "$out/small-$name.txt"; echo
     awk -F'|' 'NR > 2 { printf "%s:%s ", $2, $6 }' "$out/batches-$name.txt"; echo
 done
-echo "== done ($SECONDS s)"
+step done
