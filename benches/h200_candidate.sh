@@ -15,12 +15,7 @@ source "$(dirname "$0")/h200_common.sh"
 [ $# -eq 3 ] || { echo "usage: $0 <main's bench binary> <candidate's bench binary> <candidate's test binary>" >&2; exit 2; }
 main_bench=$1 candidate_bench=$2 suite=$3
 
-step "suite ($(basename "$suite"), random cases capped at ${SUITE_CASES:-24})"
-if room 150; then
-    VARLEN_ATTN_GPU_CASES=${SUITE_CASES:-24} timeout 150 "$suite" >"$out/suite.txt" 2>&1
-    echo "exit status $?" >>"$out/suite.txt"
-    grep -E "test result|FAILED|panicked|exit status" "$out/suite.txt"
-fi
+run_suite "$suite" 150
 # The A/B leaves the sanitizer runs ~260 s (each ~110-120 s on the whole suite).
 step "A/B: batches"
 DEADLINE=$((deadline - SECONDS - 300)) bash benches/h200_ab.sh --batches "$main_bench" "$candidate_bench" | grep -v '^== round'

@@ -1,7 +1,7 @@
 # Sourced by the H200 scripts (benches/h200_*.sh): moves to the repository root, puts the CUDA
-# tools on the PATH, makes $out ($OUT, else ./h200-out), and defines `step` (a progress line)
-# and `room` (whether more seconds fit before the script's deadline: $DEADLINE, else the
-# default the script set in `deadline` before sourcing this, else 560).
+# tools on the PATH, makes $out ($OUT, else ./h200-out), and defines `step` (a progress line),
+# `room` (whether more seconds fit before the script's deadline: $DEADLINE, else the default
+# the script set in `deadline` before sourcing this, else 560) and `run_suite`.
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${OUT:-h200-out}
 mkdir -p "$out"
@@ -18,4 +18,14 @@ room() {
     if [ $((SECONDS + need)) -le "$deadline" ]; then return 0; fi
     echo "skipped${*:+ $*}: needs $need s, $((deadline - SECONDS)) s left"
     return 1
+}
+
+# `run_suite binary seconds`: the GPU suite (tests/gpu.rs) with its random cases capped at
+# SUITE_CASES (default 24), under a time cap, its log in $out/suite.txt; prints its verdict.
+run_suite() {
+    step "GPU suite ($(basename "$1"), random cases capped at ${SUITE_CASES:-24})"
+    room "$2" || return 0
+    VARLEN_ATTN_GPU_CASES=${SUITE_CASES:-24} timeout "$2" "$1" >"$out/suite.txt" 2>&1
+    echo "exit status $?" >>"$out/suite.txt"
+    grep -E "test result|FAILED|panicked|exit status" "$out/suite.txt"
 }

@@ -22,14 +22,7 @@ source "$(dirname "$0")/h200_common.sh"
 bench=$PWD/.gpu-bin/bench-gpu
 
 suite=$(ls .gpu-bin/gpu-* 2>/dev/null | head -1)
-if [ -n "$suite" ]; then
-    step "GPU suite (random cases capped at ${SUITE_CASES:-24})"
-    if room 180; then
-        VARLEN_ATTN_GPU_CASES=${SUITE_CASES:-24} timeout 180 "$suite" >"$out/suite.txt" 2>&1
-        echo "exit status $?" >>"$out/suite.txt"
-        grep -E "test result|FAILED|panicked|exit status" "$out/suite.txt"
-    fi
-fi
+[ -z "$suite" ] || run_suite "$suite" 180
 
 step "batches: ours, then PyTorch FA2 varlen"
 room 60 && timeout 60 "$bench" --batches | grep '^|' | tee "$out/batches.txt"
