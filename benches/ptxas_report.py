@@ -3,7 +3,7 @@
 `src/gpu/kernel/attention.hip` (its headers inlined, as `src/gpu/source.rs` does) with NVRTC for
 sm_90a and `-Xptxas -v`, and with `--sass FILE` also writes the SASS (cuobjdump of NVRTC's
 cubin), where spills (`LDL`/`STL`) can be told apart by warpgroup: the copying one's code follows
-its `USETMAXREG.DEALLOC`.
+the computing ones' last `EXIT` before its `USETMAXREG.DEALLOC`.
 
     # libnvrtc (CI's nvidia-cuda-nvrtc wheel) and, for --sass, PyPI's nvidia-cuda-cuobjdump
     LD_LIBRARY_PATH=$NVRTC_LIB python3 benches/ptxas_report.py --sass /tmp/k.sass \\
@@ -89,7 +89,13 @@ def main():
             sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
         open(args.sass, "w").write(sass)
         forward = sass.split("Function : va_attention_forward", 1)[-1].split("Function :", 1)[0]
-        computing, _, copying = forward.partition("USETMAXREG.DEALLOC")
+        # The copying warps branch off to their USETMAXREG.DEALLOC after the computing warps'
+        # last EXIT: what lies between (their prologue) is theirs too.
+        before, _, copying = forward.partition("USETMAXREG.DEALLOC")
+        computing, exit_, prologue = before.rpartition("EXIT")
+        if not exit_:
+            computing, prologue = before, ""
+        copying = prologue + copying
         count = lambda code: len(re.findall(r"\b(LDL|STL)\b", code))
         print(f"va_attention_forward spill instructions: computing warps {count(computing)}, copying warps {count(copying)}")
 
