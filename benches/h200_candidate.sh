@@ -1,30 +1,47 @@
 #!/usr/bin/env bash
-# A kernel change's check before it merges, in one H200 lease: the candidate build's GPU suite,
-# an A/B of its bench binary against main's (benches/h200_ab.sh: the realistic batches and the
-# small and mid-sized seed shapes, 3 rounds), then compute-sanitizer's synccheck and racecheck
-# on its suite (fuzz/sanitize-gpu.sh; the barriers and shared memory are what kernel changes
-# break). Each binary bundled and stripped as in benches/h200_issue17.sh's header, renamed apart:
+# Kernel changes' checks before they merge, in one H200 lease: each candidate build's GPU suite,
+# one A/B of all their bench binaries against main's (benches/h200_ab.sh: the realistic batches
+# and the small and mid-sized seed shapes, 3 rounds, binaries in turn), then compute-sanitizer's
+# synccheck and racecheck on the first candidate's suite (fuzz/sanitize-gpu.sh; the barriers
+# and shared memory are what kernel changes break; a second candidate gets them in a later
+# lease if it wins). Each binary bundled and stripped as in benches/h200_issue17.sh's header,
+# renamed apart:
 #
-#   bash benches/h200_candidate.sh .gpu-bin/bench-main .gpu-bin/bench-new .gpu-bin/gpu-new
+#   bash benches/h200_candidate.sh .gpu-bin/bench-main .gpu-bin/bench-new .gpu-bin/gpu-new \
+#       [.gpu-bin/bench-other .gpu-bin/gpu-other ...]
 #
 # Logs in $OUT; DEADLINE (seconds, default 555) skips what would not finish; SUITE_CASES
-# (default 24) caps the suite's random cases.
+# (default 24) caps the suites' random cases. One candidate takes ~430 s; two ~450 s, with
+# racecheck left for a later lease.
 set -uo pipefail
 deadline=555
 source "$(dirname "$0")/h200_common.sh"
-[ $# -eq 3 ] || { echo "usage: $0 <main's bench binary> <candidate's bench binary> <candidate's test binary>" >&2; exit 2; }
-main_bench=$1 candidate_bench=$2 suite=$3
+if [ $# -lt 3 ] || [ $(($# % 2)) -ne 1 ]; then
+    echo "usage: $0 <main's bench binary> (<candidate's bench binary> <candidate's test binary>)..." >&2
+    exit 2
+fi
+main_bench=$1
+shift
+benches=() suites=()
+while [ $# -gt 0 ]; do
+    benches+=("$1") suites+=("$2")
+    shift 2
+done
 
-run_suite "$suite" 150
-# The A/B leaves the sanitizer runs ~260 s (each ~110-120 s on the whole suite).
+for suite in "${suites[@]}"; do run_suite "$suite" 150; done
+# With one candidate the A/B leaves the sanitizer runs ~260 s (each ~60-120 s on the whole
+# suite); with more, the A/B comes first (each binary adds ~70 s to it) and the sanitizers get
+# what is left.
+reserve=0
+[ ${#suites[@]} -eq 1 ] && reserve=260
 step "A/B: batches"
-DEADLINE=$((deadline - SECONDS - 300)) bash benches/h200_ab.sh --batches "$main_bench" "$candidate_bench" | grep -v '^== round'
+DEADLINE=$((deadline - SECONDS - reserve - 40 * ${#suites[@]})) bash benches/h200_ab.sh --batches "$main_bench" "${benches[@]}" | grep -v '^== round'
 step "A/B: seed shapes 0-3, 11-19"
-DEADLINE=$((deadline - SECONDS - 260)) bash benches/h200_ab.sh 0-3,11-19 "$main_bench" "$candidate_bench" | grep -v '^== round'
+DEADLINE=$((deadline - SECONDS - reserve)) bash benches/h200_ab.sh 0-3,11-19 "$main_bench" "${benches[@]}" | grep -v '^== round'
 for tool in synccheck racecheck; do
     room 100 "$tool" || continue
-    step "$tool"
+    step "$tool ($(basename "${suites[0]}"))"
     left=$((deadline - SECONDS))
-    timeout $((left < 140 ? left : 140)) bash fuzz/sanitize-gpu.sh "$suite" "$tool" 2>&1 | tail -4
+    timeout $((left < 140 ? left : 140)) bash fuzz/sanitize-gpu.sh "${suites[0]}" "$tool" 2>&1 | tail -4
 done
 step done

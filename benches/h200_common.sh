@@ -21,11 +21,14 @@ room() {
 }
 
 # `run_suite binary seconds`: the GPU suite (tests/gpu.rs) with its random cases capped at
-# SUITE_CASES (default 24), under a time cap, its log in $out/suite.txt; prints its verdict.
+# SUITE_CASES (default 24), under a time cap, its log in $out/suite-<binary's name>.txt; prints
+# its verdict.
 run_suite() {
+    local log
+    log="$out/suite-$(basename "$1").txt"
     step "GPU suite ($(basename "$1"), random cases capped at ${SUITE_CASES:-24})"
     room "$2" || return 0
-    VARLEN_ATTN_GPU_CASES=${SUITE_CASES:-24} timeout "$2" "$1" >"$out/suite.txt" 2>&1
-    echo "exit status $?" >>"$out/suite.txt"
-    grep -E "test result|FAILED|panicked|exit status" "$out/suite.txt"
+    VARLEN_ATTN_GPU_CASES=${SUITE_CASES:-24} timeout "$2" "$1" >"$log" 2>&1
+    echo "exit status $?" >>"$log"
+    grep -E "test result|FAILED|panicked|exit status" "$log"
 }
