@@ -250,6 +250,37 @@ fn batches_whose_last_wave_is_split_match_the_oracle() {
     }
 }
 
+/// Batches whose sequences all take as many query tiles, where the kernel divides to find a
+/// tile's sequence (`Plan`'s tests pin these batches' tiles): 64 images of 130 tokens (two
+/// 128-row tiles each, cu_seqlens in the parameter block), 80 sequences of different lengths
+/// but two tiles each, against other key lengths (cu_seqlens copied to the device), three of 40
+/// tokens (one 64-row tile each) and 66 of 190 (one 192-row tile each); plain, causal, and a
+/// window.
+#[test]
+fn batches_of_equal_tile_counts_match_the_oracle() {
+    if device().is_none() {
+        return;
+    }
+    let mut rng = common::Rng::new(23);
+    let cycle = |lengths: &[usize], n: usize| -> Vec<usize> { lengths.iter().copied().cycle().take(n).collect() };
+    let batches = [
+        (vec![130; 64], vec![130; 64]),
+        (cycle(&[200, 256, 250, 129], 80), cycle(&[7, 300, 129, 64, 1], 80)),
+        (vec![40; 3], vec![40; 3]),
+        (vec![190; 66], vec![190; 66]),
+    ];
+    for (q_lengths, k_lengths) in batches {
+        let (q_tokens, k_tokens) = (q_lengths.iter().sum(), k_lengths.iter().sum());
+        let q = uniform::<bf16>(&mut rng, (q_tokens, 2, 72), 2.0);
+        let k = uniform::<bf16>(&mut rng, (k_tokens, 1, 72), 2.0);
+        let v = uniform::<bf16>(&mut rng, (k_tokens, 1, 72), 2.0);
+        for (causal, window_left) in [(false, None), (true, None), (false, Some(100))] {
+            let p = Params { causal, window_left, ..Params::default() };
+            check_paths(&GPU, &q, &k, &v, &q_lengths, &k_lengths, &p).unwrap();
+        }
+    }
+}
+
 /// Tensors past 2^31 elements (2,200 sequences of 1,024 tokens, 16 heads × 72: 2.6e9 elements,
 /// 5.2 GB each in bf16): every offset into q, k, v and the output is computed in 64 bits. Rows
 /// before, around and far past element 2^31 are checked against the oracle.

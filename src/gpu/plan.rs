@@ -270,6 +270,7 @@ impl Variant {
             format!("-DVA_STAGES={}", self.stages),
             format!("-DVA_Q_BUFFERS={}", self.q_buffers),
             format!("-DVA_SOFTCAP={}", u8::from(self.softcap)),
+            format!("-DVA_PARAMS_BYTES={}", core::mem::size_of::<KernelParams>()),
         ];
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
@@ -331,6 +332,7 @@ pub(crate) struct KernelParams {
     pub tiles: i32,
     pub whole_pairs: i32,
     pub splits: i32,
+    pub tiles_per_sequence: i32,
     pub scale_log2: f32,
     pub softcap: f32,
     pub scale_over_softcap: f32,
@@ -394,6 +396,9 @@ pub(crate) struct Plan {
     split_pairs: usize,
     /// Key splits of each split pair (1: none).
     pub splits: usize,
+    /// The query tiles of each sequence where two or more all have as many (at least one),
+    /// else 0 (`va_tile_sequence` then searches).
+    tiles_per_sequence: usize,
     /// Blocks of a persistent grid (one per multiprocessor's slot, each walking several units
     /// of work; Hopper), or `None` for a block per unit.
     persistent_blocks: Option<usize>,
@@ -439,12 +444,19 @@ impl Plan {
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
         metadata.extend_from_slice(cu_seqlens_q);
         metadata.extend_from_slice(cu_seqlens_k);
+        let tile_count = |b| problem.sequence(b).q_len.div_ceil(variant.block_m());
         let mut tiles = 0usize;
         for b in 0..problem.batch() {
             metadata.push(tiles as i32);
-            tiles += problem.sequence(b).q_len.div_ceil(variant.block_m());
+            tiles += tile_count(b);
         }
         metadata.push(tiles as i32);
+        // Sequences of as many tiles each (same-sized images): the kernel divides to find a
+        // tile's sequence instead of searching tile_start (64 images × 256 tokens: 5% faster
+        // on the H200). A lone sequence keeps the search, one step there.
+        let first_count = if problem.batch() > 1 { tile_count(0) } else { 0 };
+        let uniform = (0..problem.batch()).all(|b| tile_count(b) == first_count);
+        let tiles_per_sequence = if uniform { first_count } else { 0 };
 
         // The (query tile, head) pairs of the last wave of blocks, when it is only partly filled
         // (all of them when the problem is smaller than one wave), split their keys: the other
@@ -485,6 +497,7 @@ impl Plan {
             tiles,
             split_pairs,
             splits,
+            tiles_per_sequence,
             persistent_blocks,
             operands,
             kv_heads: problem.num_kv_heads,
@@ -520,6 +533,7 @@ impl Plan {
         plan.batch = batch;
         plan.splits = 1;
         plan.split_pairs = 0;
+        plan.tiles_per_sequence = 0;
         plan.tiles = if problem.total_q == 0 { 0 } else { problem.total_q.div_ceil(plan.variant.block_m()) + batch };
         plan
     }
@@ -622,6 +636,7 @@ impl Plan {
             tiles: self.tiles as i32,
             whole_pairs: (self.tiles * self.heads - self.split_pairs) as i32,
             splits: self.splits as i32,
+            tiles_per_sequence: self.tiles_per_sequence as i32,
             scale_log2: self.scale * core::f32::consts::LOG2_E,
             softcap: self.softcap,
             scale_over_softcap: if self.softcap > 0.0 { self.scale / self.softcap } else { 0.0 },
@@ -684,9 +699,12 @@ mod tests {
 
     #[test]
     fn params_match_the_kernel_struct_layout() {
-        // 11 pointers, 8 strides, 16 four-byte fields and the 195-entry array, then 4 bytes of
-        // padding to the 8-byte alignment, as C++ lays out VaParams.
-        assert_eq!(core::mem::size_of::<KernelParams>(), 88 + 64 + 4 * (16 + INLINE_METADATA) + 4);
+        // 11 pointers, 8 strides, 17 four-byte fields and the 195-entry array (no padding: 1000
+        // bytes are a multiple of the 8-byte alignment), as C++ lays out VaParams; the kernel
+        // checks its own size against this one (`VA_PARAMS_BYTES`).
+        assert_eq!(core::mem::size_of::<KernelParams>(), 88 + 64 + 4 * (17 + INLINE_METADATA));
+        let variant = Variant::new(72, 72, false, Target::Wgmma);
+        assert!(variant.defines().contains(&format!("-DVA_PARAMS_BYTES={}", 88 + 64 + 4 * (17 + INLINE_METADATA))));
         assert_eq!(core::mem::align_of::<KernelParams>(), 8);
     }
 
@@ -926,8 +944,44 @@ mod tests {
         let p = plan.params(None, Some(0x3000), Some(0x4000));
         assert_eq!((p.cu_seqlens_q, p.cu_seqlens_k, p.tile_start, p.status), (0x1000, 0x2000, 0x3000, 0x4000));
         assert_eq!((p.batch, p.total_q, p.total_k, p.inline_metadata), (7, 2861, 2861, 0));
+        // The lengths are unknown here: no division (`va_plan_tiles` writes the tiles' table).
+        assert_eq!(p.tiles_per_sequence, 0);
         // Calls planned on the host leave the flag null: the kernel's device-schedule test.
         assert_eq!(plan_on(Target::Wgmma, &problem).params(None, None, None).status, 0);
+    }
+
+    #[test]
+    fn batches_whose_sequences_have_as_many_tiles_skip_the_search() {
+        let cu_seqlens = |lengths: &[i32]| -> Vec<i32> {
+            let ends = lengths.iter().scan(0, |end, &l| {
+                *end += l;
+                Some(*end)
+            });
+            std::iter::once(0).chain(ends).collect()
+        };
+        let plan = |q_lengths: &[i32], k_lengths: &[i32], heads: usize| {
+            let (cu_q, cu_k) = (cu_seqlens(q_lengths), cu_seqlens(k_lengths));
+            let q_shape = [*cu_q.last().unwrap() as usize, heads, 72];
+            let k_shape = [*cu_k.last().unwrap() as usize, 1, 72];
+            let problem = Problem::new(q_shape, k_shape, k_shape, &cu_q, &cu_k, &Params::default()).unwrap();
+            let plan = plan_on(Target::Wgmma, &problem);
+            (plan.variant.block_m(), plan.params(None, None, None).tiles_per_sequence)
+        };
+        let tiles_per_sequence = |lengths: &[i32], heads| plan(lengths, lengths, heads);
+        // 64 images of 256 tokens: two 128-row tiles each; 16 of 1,024: six of 192 rows.
+        assert_eq!(tiles_per_sequence(&[256; 64], 16), (128, 2));
+        assert_eq!(tiles_per_sequence(&[1024; 16], 16), (192, 6));
+        // tests/gpu.rs's batches of equal tile counts: lengths that differ but take as many
+        // tiles count too (the division needs only the tile counts), whatever the keys.
+        let cycle = |lengths: &[i32], n| -> Vec<i32> { lengths.iter().copied().cycle().take(n).collect() };
+        assert_eq!(plan(&cycle(&[200, 256, 250, 129], 80), &cycle(&[7, 300, 129, 64, 1], 80), 2), (128, 2));
+        assert_eq!(tiles_per_sequence(&[130; 64], 2), (128, 2));
+        assert_eq!(tiles_per_sequence(&[40; 3], 2), (64, 1));
+        assert_eq!(tiles_per_sequence(&[190; 66], 2), (192, 1));
+        // One sequence, different counts, or an empty sequence among them: the search.
+        assert_eq!(tiles_per_sequence(&[17296], 16), (192, 0));
+        assert_eq!(tiles_per_sequence(&[256, 128], 16), (64, 0));
+        assert_eq!(tiles_per_sequence(&[256, 0, 256], 16), (64, 0));
     }
 
     /// `problem` planned for 132 multiprocessors (an H200) with the default tuning.

@@ -101,6 +101,10 @@ struct VaParams {
     int tiles;
     int whole_pairs;
     int splits;
+    // The query tiles of every sequence where two or more all have as many (at least one;
+    // cu_seqlens on the host), else 0: a tile's sequence is then a division
+    // (`va_tile_sequence`).
+    int tiles_per_sequence;
     float scale_log2;        // softmax scale times log2(e) (no soft-cap)
     float softcap;           // 0: none
     float scale_over_softcap;
@@ -109,6 +113,11 @@ struct VaParams {
     int inline_metadata;
     int metadata[VA_INLINE_METADATA];
 };
+
+// The host passes sizeof(KernelParams): a field added on one side only fails to compile.
+#ifdef VA_PARAMS_BYTES
+static_assert(sizeof(VaParams) == VA_PARAMS_BYTES, "VaParams must match KernelParams in src/gpu/plan.rs");
+#endif
 
 // Entry `i` of cu_seqlens_q (which = 0), cu_seqlens_k (1) or tile_start (2).
 VA_DEVICE int va_metadata(const VaParams& p, int which, int i) {

@@ -56,9 +56,12 @@ extern "C" __global__ void __launch_bounds__(VA_PLAN_THREADS) va_plan_tiles(VA_G
 
 // The sequence of query tile `tile_index`, or -1 when the grid's block has no tile (cu_seqlens
 // on the device: the grid is an upper bound). One load where `va_plan_tiles` wrote the table,
-// else a binary search over tile_start (in the parameter block for small batches).
+// a division where every sequence has as many tiles (a batch of same-sized images), else a
+// binary search over tile_start (in the parameter block for small batches): its dependent
+// loads sit between a unit and its first copy (64 images × 256 tokens: six of them).
 VA_DEVICE int va_tile_sequence(const VaParams& p, int tile_index) {
     if (p.status != nullptr) return va_tile_sequence_table(p)[tile_index];
+    if (p.tiles_per_sequence > 0) return tile_index / p.tiles_per_sequence;
     // The last sequence whose first tile is <= this one (empty sequences have no tiles).
     int lo = 0, hi = p.batch;
     while (lo < hi) {
