@@ -952,13 +952,6 @@ mod tests {
 
     #[test]
     fn batches_whose_sequences_have_as_many_tiles_skip_the_search() {
-        let cu_seqlens = |lengths: &[i32]| -> Vec<i32> {
-            let ends = lengths.iter().scan(0, |end, &l| {
-                *end += l;
-                Some(*end)
-            });
-            std::iter::once(0).chain(ends).collect()
-        };
         let plan = |q_lengths: &[i32], k_lengths: &[i32], heads: usize| {
             let (cu_q, cu_k) = (cu_seqlens(q_lengths), cu_seqlens(k_lengths));
             let q_shape = [*cu_q.last().unwrap() as usize, heads, 72];
@@ -982,6 +975,15 @@ mod tests {
         assert_eq!(tiles_per_sequence(&[17296], 16), (192, 0));
         assert_eq!(tiles_per_sequence(&[256, 128], 16), (64, 0));
         assert_eq!(tiles_per_sequence(&[256, 0, 256], 16), (64, 0));
+    }
+
+    /// The cu_seqlens of sequences of `lengths` tokens.
+    fn cu_seqlens(lengths: &[i32]) -> Vec<i32> {
+        let ends = lengths.iter().scan(0, |end, &l| {
+            *end += l;
+            Some(*end)
+        });
+        std::iter::once(0).chain(ends).collect()
     }
 
     /// `problem` planned for 132 multiprocessors (an H200) with the default tuning.
@@ -1025,12 +1027,7 @@ mod tests {
         // tiles, of which two splits would spare too few scores); with the 3844-token image
         // last they are its, and split 15 ways.
         let split = |lengths: &[i32]| {
-            let cu: Vec<i32> = std::iter::once(0)
-                .chain(lengths.iter().scan(0, |t, l| {
-                    *t += l;
-                    Some(*t)
-                }))
-                .collect();
+            let cu = cu_seqlens(lengths);
             let total = *cu.last().unwrap() as usize;
             let shape = [total, 16, 72];
             let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
