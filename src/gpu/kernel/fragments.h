@@ -116,59 +116,98 @@ template <int NS> VA_DEVICE void va_probability_fragment(va_u32 (&a)[4], const f
     a[3] = va_pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
-// The row sums across the quad, then one write of O (or of this split's partial O) and the LSE.
-// Where every column of the padded width is the head's (head_dim_v 72 of 72: the usual case),
-// a row's pairs are all packed first, then stored with no test between them: the tested stores
-// one after another reused one register, each waiting for the last store to have read it
-// (Nsight on the H200, 64 images x 256: a quarter of the computing warps' time in this write).
-// The LSE's logarithm is taken only where someone reads it.
+// A row's log-sum-exp in natural-log units, from its total (`va_total_rows`): -inf where the
+// row saw no key.
+VA_DEVICE float va_row_lse(const VaRows& r, int i, float factor) {
+    return r.sum[i] != 0.0f ? r.max[i] * factor * VA_LN2 + logf(r.sum[i]) : VA_NEG_INF;
+}
+
+// The row sums across the quad: each thread held its own columns' share; `va_store_fragment`
+// divides by the totals. The Hopper tile calls this before it waits for its last value
+// product, so that the four shuffles run under the tensor cores' work: after the first row's
+// stores, the second row's queued behind them (Nsight on the H200, 64 images x 256: 6% of the
+// computing warps' stall samples).
+VA_DEVICE void va_total_rows(VaRows& r) {
+    float a = r.sum[0], b = r.sum[1];
+    a += va_shfl_xor(a, 1);
+    b += va_shfl_xor(b, 1);
+    a += va_shfl_xor(a, 2);
+    b += va_shfl_xor(b, 2);
+    r.sum[0] = a;
+    r.sum[1] = b;
+}
+
+// One write of O (or of this split's partial O) and the LSE, from row totals (`va_total_rows`).
+// Stores read their registers late, when the memory pipe takes them, and the compiler reuses a
+// register as soon as the store is issued: the next write to it waits for the store (Nsight on
+// the H200, 64 images x 256: the LSE pointer, loaded into each row's address registers after
+// its nine stores, waited for them in 9% of the computing warps' stall samples). So where
+// every column of the padded width is the head's (head_dim_v 72 of 72: the usual case), both
+// rows are packed into registers of their own first, with both addresses, and then stored row
+// after row; the LSE follows both. Its logarithm is taken only where someone reads it.
 template <int NO>
 VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const float (&o)[NO][4], const VaRows& r, float factor,
                                  int t) {
     const bool split = tile.slot >= 0;
-    const bool full_width = p.head_dim_v == NO * 8;
+    float inv[2];
+    bool inside[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        float sum = r.sum[i];
-        sum += va_shfl_xor(sum, 1);
-        sum += va_shfl_xor(sum, 2);
-        if (r.row[i] >= tile.lq) continue;
-        const int token = tile.q_start + r.row[i];
-        const bool seen = sum != 0.0f; // no visible key (or only -inf scores): 0 and -inf
-        // One division per row (an IEEE division is a dozen instructions and a slow-path call;
-        // per element they were most of the epilogue's code).
-        const float inv = seen ? 1.0f / sum : 0.0f;
-        const auto lse = [&] { return seen ? r.max[i] * factor * VA_LN2 + logf(sum) : VA_NEG_INF; };
-        if (!split) {
-            va_u16* dst = p.out + (va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride;
-            if (full_width) {
-                va_u32 packed[NO];
+        // No visible key (or only -inf scores): 0 and -inf. One division per row (an IEEE
+        // division is a dozen instructions and a slow-path call; per element they were most of
+        // the epilogue's code).
+        inv[i] = r.sum[i] != 0.0f ? 1.0f / r.sum[i] : 0.0f;
+        inside[i] = r.row[i] < tile.lq;
+    }
+    if (split) {
 #pragma unroll
-                for (int n = 0; n < NO; ++n) packed[n] = va_pack2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-#pragma unroll
-                for (int n = 0; n < NO; ++n) *(va_u32*)(dst + n * 8 + 2 * t) = packed[n];
-            } else {
-#pragma unroll
-                for (int n = 0; n < NO; ++n) {
-                    const int col = n * 8 + 2 * t;
-                    const float a = o[n][2 * i] * inv, c = o[n][2 * i + 1] * inv;
-                    if (col + 1 < p.head_dim_v) {
-                        *(va_u32*)(dst + col) = va_pack2(a, c);
-                    } else if (col < p.head_dim_v) {
-                        dst[col] = va_from_float(a);
-                    }
-                }
-            }
-            if (t == 0 && p.lse) p.lse[(va_i64)tile.head * p.total_q + token] = lse();
-        } else {
+        for (int i = 0; i < 2; ++i) {
+            if (!inside[i]) continue;
             const va_i64 partial = va_partial_row(tile, r.row[i]);
             float* dst = p.partial_out + partial * VA_HEAD_DIM_V_PAD;
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
                 const int col = n * 8 + 2 * t;
-                *reinterpret_cast<float2*>(dst + col) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+                *reinterpret_cast<float2*>(dst + col) = make_float2(o[n][2 * i] * inv[i], o[n][2 * i + 1] * inv[i]);
             }
-            if (t == 0) p.partial_lse[partial] = lse();
+            if (t == 0) p.partial_lse[partial] = va_row_lse(r, i, factor);
         }
+        return;
+    }
+    va_u16* dst[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+        dst[i] = p.out + (va_i64)(tile.q_start + r.row[i]) * p.out_token_stride + (va_i64)tile.head * p.out_head_stride;
+    if (p.head_dim_v == NO * 8) {
+        va_u32 packed[2][NO];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int n = 0; n < NO; ++n) packed[i][n] = va_pack2(o[n][2 * i] * inv[i], o[n][2 * i + 1] * inv[i]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            if (inside[i])
+#pragma unroll
+                for (int n = 0; n < NO; ++n) *(va_u32*)(dst[i] + n * 8 + 2 * t) = packed[i][n];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (!inside[i]) continue;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int col = n * 8 + 2 * t;
+                const float a = o[n][2 * i] * inv[i], c = o[n][2 * i + 1] * inv[i];
+                if (col + 1 < p.head_dim_v) {
+                    *(va_u32*)(dst[i] + col) = va_pack2(a, c);
+                } else if (col < p.head_dim_v) {
+                    dst[i][col] = va_from_float(a);
+                }
+            }
+        }
+    }
+    if (t == 0 && p.lse) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            if (inside[i]) p.lse[(va_i64)tile.head * p.total_q + tile.q_start + r.row[i]] = va_row_lse(r, i, factor);
     }
 }

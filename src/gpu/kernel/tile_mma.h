@@ -130,5 +130,8 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
     }
 
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) va_store_fragment(p, tile, o[mt], rows[mt], factor, t);
+    for (int mt = 0; mt < MT; ++mt) {
+        va_total_rows(rows[mt]);
+        va_store_fragment(p, tile, o[mt], rows[mt], factor, t);
+    }
 }

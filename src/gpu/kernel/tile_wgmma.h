@@ -381,10 +381,11 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         // Named barriers must balance: every warpgroup but the last passes its last turn on; the
         // last one's would have no taker (it passed one ahead, to start the tile).
         if (group != VA_GROUPS - 1) va_pass_turn(group);
+        va_total_rows(rows); // under the last product
         va_wgmma_wait<0>();
         va_fence_registers(o_flat);
         va_release_stage(sm.v_empty, last);
-    }
+    } // else no key: every thread's sums are 0, already the totals
 
     va_store_fragment(p, tile, o, rows, factor, t);
 }
