@@ -94,6 +94,9 @@ pub(crate) struct Variant {
     /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
     /// sizeable share of the kernel's code, which small problems fetch cold).
     pub softcap: bool,
+    /// NVIDIA: every this many 8-key chunks, one's exponentials by a polynomial on the FMA
+    /// pipes (`VA_POLY_EXP2`); 0, the default: all on the MUFU unit.
+    pub poly_exp2: u8,
     pub f16: bool,
     pub target: Target,
 }
@@ -129,6 +132,7 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
+                    poly_exp2: 0,
                     f16,
                     target,
                 }
@@ -157,6 +161,7 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
+                    poly_exp2: 0,
                     f16,
                     target,
                 }
@@ -274,6 +279,9 @@ impl Variant {
         ];
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
+        }
+        if self.poly_exp2 > 0 {
+            d.push(format!("-DVA_POLY_EXP2={}", self.poly_exp2));
         }
         if self.f16 {
             d.push("-DVA_IS_F16=1".into());
@@ -439,6 +447,9 @@ impl Plan {
         let mut variant = Variant::for_problem(problem, f16, target);
         if target == Target::Wgmma {
             variant = variant.hopper_tiles(problem, multiprocessors, tuning, lengths_known);
+        }
+        if target != Target::Mfma {
+            variant.poly_exp2 = tuning.poly_exp2.unwrap_or(0);
         }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
@@ -750,6 +761,7 @@ mod tests {
                 stages: 2,
                 q_buffers: 1,
                 softcap: false,
+                poly_exp2: 0,
                 f16: false,
                 target: Target::Mma
             }
@@ -905,6 +917,9 @@ mod tests {
         let tall = with(Tuning { block_m: Some(192), ..Tuning::default() });
         assert_eq!((tall.block_m(), tall.threads(), tall.block_n, tall.stages, tall.q_buffers), (192, 512, 128, 3, 2));
         assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
+        let poly = with(Tuning { poly_exp2: Some(4), ..Tuning::default() });
+        assert!(poly.defines().contains(&"-DVA_POLY_EXP2=4".to_string()));
+        assert!(!with(Tuning::default()).defines().iter().any(|d| d.contains("POLY")));
         // A problem that fills the GPU with 192-row tiles takes them unless told otherwise.
         let (cu, shape) = ([0, 16384], [16384, 16, 72]);
         let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
