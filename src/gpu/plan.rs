@@ -97,6 +97,9 @@ pub(crate) struct Variant {
     /// NVIDIA: every this many 8-key chunks, one's exponentials by a polynomial on the FMA
     /// pipes (`VA_POLY_EXP2`); 0, the default: all on the MUFU unit.
     pub poly_exp2: u8,
+    /// Hopper: the computing warps find their next tile under the last product of the one
+    /// before (`VA_SCHEDULE_AHEAD`), not after its write.
+    pub schedule_ahead: bool,
     pub f16: bool,
     pub target: Target,
 }
@@ -133,6 +136,7 @@ impl Variant {
                     q_buffers: 1,
                     softcap: false,
                     poly_exp2: 0,
+                    schedule_ahead: false,
                     f16,
                     target,
                 }
@@ -162,6 +166,7 @@ impl Variant {
                     q_buffers: 1,
                     softcap: false,
                     poly_exp2: 0,
+                    schedule_ahead: false,
                     f16,
                     target,
                 }
@@ -240,6 +245,7 @@ impl Variant {
         if tuning.one_q_buffer {
             variant.q_buffers = 1;
         }
+        variant.schedule_ahead = tuning.schedule_ahead;
         variant
     }
 
@@ -282,6 +288,9 @@ impl Variant {
         }
         if self.poly_exp2 > 0 {
             d.push(format!("-DVA_POLY_EXP2={}", self.poly_exp2));
+        }
+        if self.schedule_ahead {
+            d.push("-DVA_SCHEDULE_AHEAD=1".into());
         }
         if self.f16 {
             d.push("-DVA_IS_F16=1".into());
@@ -762,6 +771,7 @@ mod tests {
                 q_buffers: 1,
                 softcap: false,
                 poly_exp2: 0,
+                schedule_ahead: false,
                 f16: false,
                 target: Target::Mma
             }
@@ -919,7 +929,9 @@ mod tests {
         assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
         let poly = with(Tuning { poly_exp2: Some(4), ..Tuning::default() });
         assert!(poly.defines().contains(&"-DVA_POLY_EXP2=4".to_string()));
-        assert!(!with(Tuning::default()).defines().iter().any(|d| d.contains("POLY")));
+        let ahead = with(Tuning { schedule_ahead: true, ..Tuning::default() });
+        assert!(ahead.defines().contains(&"-DVA_SCHEDULE_AHEAD=1".to_string()));
+        assert!(!with(Tuning::default()).defines().iter().any(|d| d.contains("POLY") || d.contains("AHEAD")));
         // A problem that fills the GPU with 192-row tiles takes them unless told otherwise.
         let (cu, shape) = ([0, 16384], [16384, 16, 72]);
         let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();

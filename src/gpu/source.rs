@@ -110,6 +110,9 @@ pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
                 all.push(Variant::new(d, dv, f16, target).with_three_warpgroups());
             }
             all.push(Variant { poly_exp2: 2, ..Variant::new(72, 72, true, target).with_three_warpgroups() });
+            // The next tile found under the last product (a switch).
+            all.push(Variant { schedule_ahead: true, ..Variant::new(72, 72, false, target) });
+            all.push(Variant { schedule_ahead: true, ..Variant::new(128, 128, true, target).with_one_warpgroup() });
         }
     }
     all
