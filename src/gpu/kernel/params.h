@@ -11,7 +11,7 @@
 // VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one),
 // VA_POLY_EXP2 (NVIDIA: every VA_POLY_EXP2-th 8-key chunk's exponentials by a polynomial on the
 // FMA pipes, `va_exp2_fma`; 0, the default: all on the MUFU unit), VA_SCHEDULE_AHEAD (Hopper, 1:
-// the computing warps find their next tile under the last product, `va_for_each_tile_ahead`).
+// the computing warps find their next tile under the last product, `va_find_tile`).
 
 #pragma once
 

@@ -120,7 +120,7 @@ VA_DEVICE float va_exp2_fma(float x) {
     p = fmaf(p, f, 2.40222424e-1f);
     p = fmaf(p, f, 6.93147004e-1f);
     p = fmaf(p, f, 1.0f);
-    return p * __int_as_float((__float_as_int(r) + 127) << 23); // r's bits: 0x4b400000 + j
+    return p * __uint_as_float((__float_as_uint(r) + 127u) << 23); // r's bits: 0x4b400000 + j
 #else
     return exp2f(x);
 #endif
