@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """ptxas's register and spill report for one kernel variant, without a GPU: compiles
 `src/gpu/kernel/attention.hip` (its headers inlined, as `src/gpu/source.rs` does) with NVRTC for
-sm_90a and `-Xptxas -v`, and with `--sass FILE` also writes the SASS (cuobjdump of NVRTC's
-cubin), where spills (`LDL`/`STL`) can be told apart by warpgroup: the copying one's code follows
+sm_90a and `-Xptxas -v`, and with `--sass FILE` also writes the SASS (nvdisasm of NVRTC's
+cubin: PyPI's cuobjdump 13.2 failed on NVRTC 13.0's cubins, nvdisasm 13.5 reads them), where
+spills (`LDL`/`STL`) can be told apart by warpgroup: the copying one's code follows
 the computing ones' last `EXIT` before its `USETMAXREG.DEALLOC`.
 
-    # libnvrtc (CI's nvidia-cuda-nvrtc wheel) and, for --sass, PyPI's nvidia-cuda-cuobjdump
+    # libnvrtc (CI's nvidia-cuda-nvrtc wheel) and, for --sass, PyPI's nvidia-cuda-nvdisasm
     LD_LIBRARY_PATH=$NVRTC_LIB python3 benches/ptxas_report.py --sass /tmp/k.sass \\
         -DVA_HEAD_DIM_PAD=80 -DVA_HEAD_DIM_V_PAD=72 -DVA_BLOCK_N=128 -DVA_WARPS=8 \\
         -DVA_ROWS_PER_WARP=16 -DVA_Q_IN_REGISTERS=0 -DVA_MIN_BLOCKS=1 -DVA_STAGES=3 \\
@@ -59,7 +60,7 @@ def nvrtc():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sass", help="write the SASS here (needs cuobjdump on the PATH)")
+    parser.add_argument("--sass", help="write the SASS here (needs nvdisasm on the PATH)")
     args, defines = parser.parse_known_args()
     lib = nvrtc()
     program = ctypes.c_void_p()
@@ -77,18 +78,18 @@ def main():
     if status:
         sys.exit(f"NVRTC failed ({status})")
     if args.sass:
-        cuobjdump = shutil.which("cuobjdump")
-        if not cuobjdump:
-            sys.exit("cuobjdump not found (PyPI: nvidia-cuda-cuobjdump, its bin folder on the PATH)")
+        nvdisasm = shutil.which("nvdisasm")
+        if not nvdisasm:
+            sys.exit("nvdisasm not found (PyPI: nvidia-cuda-nvdisasm, its bin folder on the PATH)")
         lib.nvrtcGetCUBINSize(program, ctypes.byref(size))
         cubin = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetCUBIN(program, cubin)
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(cubin.raw)
             f.flush()
-            sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+            sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
         open(args.sass, "w").write(sass)
-        forward = sass.split("Function : va_attention_forward", 1)[-1].split("Function :", 1)[0]
+        forward = sass.split(".text.va_attention_forward:", 1)[-1].split(".section", 1)[0]
         # The copying warps branch off to their USETMAXREG.DEALLOC after the computing warps'
         # last EXIT: what lies between (their prologue) is theirs too.
         before, _, copying = forward.partition("USETMAXREG.DEALLOC")
