@@ -6,7 +6,7 @@
 # benches/h200_ab.sh runs them in turn; its columns are named after the settings.
 #
 # Bundle as for benches/h200_issue17.sh (.gpu-bin/bench-gpu and one .gpu-bin/gpu-* test binary):
-#   bash benches/h200_switch_ab.sh 4,16-18 POLY_EXP2=8 POLY_EXP2=4 SCHEDULE_AHEAD=1
+#   bash benches/h200_switch_ab.sh 4,16-18 STAGES=2 BLOCK_N=192
 # (each NAME=VALUE is VARLEN_ATTN_GPU_NAME=VALUE). ROUNDS (default 2), SUITE_CASES (default 8)
 # and DEADLINE (seconds, default 560); logs in $OUT. Each setting's suite takes ~60-70 s and
 # each binary ~20-25 s per round and problem list, so four settings need two calls (the

@@ -94,12 +94,6 @@ pub(crate) struct Variant {
     /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
     /// sizeable share of the kernel's code, which small problems fetch cold).
     pub softcap: bool,
-    /// NVIDIA: every this many 8-key chunks, one's exponentials by a polynomial on the FMA
-    /// pipes (`VA_POLY_EXP2`); 0, the default: all on the MUFU unit.
-    pub poly_exp2: u8,
-    /// Hopper: the computing warps find their next tile under the last product of the one
-    /// before (`VA_SCHEDULE_AHEAD`), not after its write.
-    pub schedule_ahead: bool,
     pub f16: bool,
     pub target: Target,
 }
@@ -135,8 +129,6 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
-                    poly_exp2: 0,
-                    schedule_ahead: false,
                     f16,
                     target,
                 }
@@ -165,8 +157,6 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
-                    poly_exp2: 0,
-                    schedule_ahead: false,
                     f16,
                     target,
                 }
@@ -245,7 +235,6 @@ impl Variant {
         if tuning.one_q_buffer {
             variant.q_buffers = 1;
         }
-        variant.schedule_ahead = tuning.schedule_ahead;
         variant
     }
 
@@ -285,12 +274,6 @@ impl Variant {
         ];
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
-        }
-        if self.poly_exp2 > 0 {
-            d.push(format!("-DVA_POLY_EXP2={}", self.poly_exp2));
-        }
-        if self.schedule_ahead {
-            d.push("-DVA_SCHEDULE_AHEAD=1".into());
         }
         if self.f16 {
             d.push("-DVA_IS_F16=1".into());
@@ -456,9 +439,6 @@ impl Plan {
         let mut variant = Variant::for_problem(problem, f16, target);
         if target == Target::Wgmma {
             variant = variant.hopper_tiles(problem, multiprocessors, tuning, lengths_known);
-        }
-        if target != Target::Mfma {
-            variant.poly_exp2 = tuning.poly_exp2.unwrap_or(0);
         }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
@@ -770,8 +750,6 @@ mod tests {
                 stages: 2,
                 q_buffers: 1,
                 softcap: false,
-                poly_exp2: 0,
-                schedule_ahead: false,
                 f16: false,
                 target: Target::Mma
             }
@@ -927,11 +905,6 @@ mod tests {
         let tall = with(Tuning { block_m: Some(192), ..Tuning::default() });
         assert_eq!((tall.block_m(), tall.threads(), tall.block_n, tall.stages, tall.q_buffers), (192, 512, 128, 3, 2));
         assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
-        let poly = with(Tuning { poly_exp2: Some(4), ..Tuning::default() });
-        assert!(poly.defines().contains(&"-DVA_POLY_EXP2=4".to_string()));
-        let ahead = with(Tuning { schedule_ahead: true, ..Tuning::default() });
-        assert!(ahead.defines().contains(&"-DVA_SCHEDULE_AHEAD=1".to_string()));
-        assert!(!with(Tuning::default()).defines().iter().any(|d| d.contains("POLY") || d.contains("AHEAD")));
         // A problem that fills the GPU with 192-row tiles takes them unless told otherwise.
         let (cu, shape) = ([0, 16384], [16384, 16, 72]);
         let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();

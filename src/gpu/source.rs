@@ -91,10 +91,6 @@ pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
         // The soft-cap code, compiled in only for calls that use it.
         all.push(Variant { softcap: true, ..Variant::new(72, 72, false, target) });
         all.push(Variant { softcap: true, ..Variant::new(128, 128, true, target) });
-        // Exponentials partly by a polynomial on the FMA pipes (a switch, NVIDIA only).
-        if target != Target::Mfma {
-            all.push(Variant { poly_exp2: 4, ..Variant::new(72, 72, false, target) });
-        }
         // Hopper's 64-row tiles for small problems.
         if target == Target::Wgmma {
             for (d, dv, f16) in [(72, 72, false), (128, 128, true), (256, 256, false), (33, 65, false)] {
@@ -109,10 +105,6 @@ pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
             for (d, dv, f16) in [(72, 72, false), (128, 128, true)] {
                 all.push(Variant::new(d, dv, f16, target).with_three_warpgroups());
             }
-            all.push(Variant { poly_exp2: 2, ..Variant::new(72, 72, true, target).with_three_warpgroups() });
-            // The next tile found under the last product (a switch).
-            all.push(Variant { schedule_ahead: true, ..Variant::new(72, 72, false, target) });
-            all.push(Variant { schedule_ahead: true, ..Variant::new(128, 128, true, target).with_one_warpgroup() });
         }
     }
     all

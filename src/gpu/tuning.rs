@@ -11,8 +11,6 @@
 //! | `VARLEN_ATTN_GPU_BLOCK_N=192`, `=128` or `=64` | Hopper uses key tiles of that many keys (heads up to 128 wide) |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
 //! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
-//! | `VARLEN_ATTN_GPU_SCHEDULE_AHEAD=1` | Hopper's computing warps find their next tile under the last product of the one before |
-//! | `VARLEN_ATTN_GPU_POLY_EXP2=k` | NVIDIA computes every `k`-th 8-key chunk's exponentials (1 to 32) by a polynomial on the FMA pipes, not the MUFU unit |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
 
 use std::path::PathBuf;
@@ -32,10 +30,6 @@ pub(crate) struct Tuning {
     pub max_splits: Option<usize>,
     /// Hopper launches a block per unit of work instead of a persistent grid.
     pub no_persistent: bool,
-    /// NVIDIA: every `k`-th 8-key chunk's exponentials by a polynomial (`VA_POLY_EXP2`).
-    pub poly_exp2: Option<u8>,
-    /// Hopper: the next tile found under the last product (`VA_SCHEDULE_AHEAD`).
-    pub schedule_ahead: bool,
     pub dump_ptx: Option<PathBuf>,
 }
 
@@ -62,10 +56,6 @@ impl Tuning {
                 .filter(|n| [64, 128, 192].contains(n)),
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
             no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
-            poly_exp2: lookup("VARLEN_ATTN_GPU_POLY_EXP2")
-                .and_then(|k| k.parse().ok())
-                .filter(|k| (1..=32).contains(k)),
-            schedule_ahead: is("VARLEN_ATTN_GPU_SCHEDULE_AHEAD", "1"),
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
         }
     }
@@ -89,8 +79,6 @@ mod tests {
                     "VARLEN_ATTN_GPU_BLOCK_N" => "192",
                     "VARLEN_ATTN_GPU_SPLITS" => "1",
                     "VARLEN_ATTN_GPU_PERSISTENT" => "0",
-                    "VARLEN_ATTN_GPU_POLY_EXP2" => "4",
-                    "VARLEN_ATTN_GPU_SCHEDULE_AHEAD" => "1",
                     _ => "/tmp/ptx",
                 }
                 .to_string(),
@@ -98,14 +86,12 @@ mod tests {
         };
         let all = Tuning::from(env);
         assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128) && all.no_persistent);
-        assert!(all.one_q_buffer && all.block_n == Some(192) && all.poly_exp2 == Some(4) && all.schedule_ahead);
+        assert!(all.one_q_buffer && all.block_n == Some(192));
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);
         assert_eq!(Tuning::from(|_| Some("64".into())).block_m, Some(64));
         assert_eq!(Tuning::from(|_| Some("96".into())).block_m, None);
         assert_eq!(Tuning::from(|_| Some("192".into())).block_m, Some(192));
-        assert_eq!(Tuning::from(|_| Some("0".into())).poly_exp2, None);
-        assert_eq!(Tuning::from(|_| Some("33".into())).poly_exp2, None);
     }
 }

@@ -86,10 +86,7 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
     for (int n = 0; n < NS; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const float x = fmaf(s[n][e], f, -shift[e / 2]);
-            // Every VA_POLY_EXP2-th 8-key chunk on the FMA pipes (`va_exp2_fma`), the rest on
-            // the MUFU unit: the two run side by side (a tuning switch; 0, off, by default).
-            const float pe = VA_POLY_EXP2 > 0 && n % VA_POLY_EXP2 == VA_POLY_EXP2 - 1 ? va_exp2_fma(x) : va_exp2(x);
+            const float pe = va_exp2(fmaf(s[n][e], f, -shift[e / 2]));
             s[n][e] = pe;
             chain[e / 2][n % 4] += pe;
         }

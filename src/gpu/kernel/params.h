@@ -8,10 +8,7 @@
 // re-reads Q's fragments from shared memory, for wide heads), VA_WGMMA (1: the Hopper tile),
 // VA_MIN_BLOCKS (blocks per multiprocessor the register budget must allow), VA_STAGES (Hopper:
 // shared-memory stages of K and V, 2 or 3), VA_Q_BUFFERS (Hopper: Q's buffers, 1 or 2),
-// VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one),
-// VA_POLY_EXP2 (NVIDIA: every VA_POLY_EXP2-th 8-key chunk's exponentials by a polynomial on the
-// FMA pipes, `va_exp2_fma`; 0, the default: all on the MUFU unit), VA_SCHEDULE_AHEAD (Hopper, 1:
-// the computing warps find their next tile under the last product, `va_find_tile`).
+// VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one).
 
 #pragma once
 
@@ -47,12 +44,6 @@
 #endif
 #ifndef VA_Q_BUFFERS
 #define VA_Q_BUFFERS 1
-#endif
-#ifndef VA_POLY_EXP2
-#define VA_POLY_EXP2 0
-#endif
-#ifndef VA_SCHEDULE_AHEAD
-#define VA_SCHEDULE_AHEAD 0
 #endif
 // VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
 // registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM, and

@@ -99,33 +99,6 @@ VA_DEVICE float va_exp2(float x) {
 #endif
 }
 
-// 2^x on the FMA pipes instead of the MUFU unit (16 results per cycle per multiprocessor, which
-// bounds the softmax of narrow heads: FlashAttention-4 computes part of its exponentials so).
-// For the softmax's x <= 0: x = j + f, j rounded to the nearest integer by adding 1.5 · 2^23
-// (its bits then hold j), f in [-1/2, 1/2]; 2^f by a degree-5 polynomial; times 2^j made from
-// those bits. Within 1.7e-7 relative (2.03 ulp) on [-126, 0], as ex2.approx (2 ulp);
-// `benches/exp2_polynomial.py` fits the coefficients and checks this sequence. Below -126.5 and
-// at -inf (masked keys) exactly 0 (j clamps to -127, whose 2^j is 0); NaN stays NaN (the clamp
-// is max.NaN).
-VA_DEVICE float va_exp2_fma(float x) {
-#if defined(VA_NVIDIA)
-    asm("max.NaN.f32 %0, %0, 0fC2FE0000;" : "+f"(x)); // -127
-    const float shifter = 12582912.0f;                // 1.5 · 2^23
-    const float r = __fadd_rn(x, shifter);            // not contracted: the rounding is the point
-    const float j = __fsub_rn(r, shifter);
-    const float f = __fsub_rn(x, j);
-    float p = 1.32646703e-3f;
-    p = fmaf(p, f, 9.67149995e-3f);
-    p = fmaf(p, f, 5.55073358e-2f);
-    p = fmaf(p, f, 2.40222424e-1f);
-    p = fmaf(p, f, 6.93147004e-1f);
-    p = fmaf(p, f, 1.0f);
-    return p * __uint_as_float((__float_as_uint(r) + 127u) << 23); // r's bits: 0x4b400000 + j
-#else
-    return exp2f(x);
-#endif
-}
-
 // ---- NVIDIA: asynchronous copies, ldmatrix, mma ----------------------------------------------
 
 #if defined(VA_NVIDIA)

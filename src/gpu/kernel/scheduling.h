@@ -153,18 +153,3 @@ template <typename F> VA_DEVICE void va_for_each_tile(const VaParams& p, F run) 
         if (sequence >= 0) run(va_schedule_tile(p, sequence, work));
     }
 }
-
-// The same walk one step at a time, for warps that look for their next tile while the last
-// one runs (`VA_SCHEDULE_AHEAD`): the tile of the first of this block's units from `unit` on
-// that has one, into `tile`, `unit` left at it; false past the last unit.
-VA_DEVICE bool va_find_tile(const VaParams& p, int tiles, int units, int& unit, VaTile& tile) {
-    for (; unit < units; unit += gridDim.x) {
-        const VaWork work = va_block_work(p, tiles, unit);
-        const int sequence = va_tile_sequence(p, work.tile_index);
-        if (sequence >= 0) {
-            tile = va_schedule_tile(p, sequence, work);
-            return true;
-        }
-    }
-    return false;
-}

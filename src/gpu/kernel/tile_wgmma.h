@@ -297,12 +297,8 @@ VA_DEVICE va_u32 va_q_buffer16(const VaWgmmaSmem& sm, int r) { return va_smem_ad
 // A computing warpgroup: its 64 query rows of one tile against the tile's key tiles, the
 // block's from `first` on, with Q's round `round`. The score product of key tile i runs
 // alongside the value product of tile i - 1 (FlashAttention-3's intra-warpgroup overlap): the
-// softmax of tile i waits only for the scores, then the values. `ahead()` runs once, under the
-// last product (at once for a tile without keys): the search for the next tile
-// (`VA_SCHEDULE_AHEAD`), or nothing.
-template <typename Ahead>
-VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, int first, int round,
-                               const Ahead& ahead) {
+// softmax of tile i waits only for the scores, then the values.
+VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, int first, int round) {
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
@@ -386,13 +382,10 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         // last one's would have no taker (it passed one ahead, to start the tile).
         if (group != VA_GROUPS - 1) va_pass_turn(group);
         va_total_rows(rows); // under the last product
-        ahead();
         va_wgmma_wait<0>();
         va_fence_registers(o_flat);
         va_release_stage(sm.v_empty, last);
-    } else {
-        ahead(); // no key: every thread's sums are 0, already the totals
-    }
+    } // else no key: every thread's sums are 0, already the totals
 
     va_store_fragment(p, tile, o, rows, factor, t);
 }
@@ -401,34 +394,14 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
 VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm) {
     va_registers_claim<VA_CONSUMER_REGISTERS>();
     int first = 0, round = 0; // as the copying warpgroup counts them
-#if VA_SCHEDULE_AHEAD
-    // The next tile is found under this one's last product: the search's divisions and
-    // parameter loads leave the path between tiles (the copying warps still walk on their own).
-    const int tiles = va_unit_tiles(p), units = va_units(p, tiles);
-    int unit = blockIdx.x;
-    VaTile next;
-    bool more = va_find_tile(p, tiles, units, unit, next);
-    while (more) {
-        const VaTile tile = next;
-        va_consume_tile(p, tile, sm, first, round, [&] {
-            unit += gridDim.x;
-            more = va_find_tile(p, tiles, units, unit, next);
-        });
-        if (tile.j_end > tile.j_begin) {
-            first += tile.j_end - tile.j_begin;
-            ++round;
-        }
-    }
-#else
     va_for_each_tile(p, [&](const VaTile& tile) {
-        va_consume_tile(p, tile, sm, first, round, [] {});
+        va_consume_tile(p, tile, sm, first, round);
         const int tiles = tile.j_end - tile.j_begin;
         if (tiles > 0) {
             first += tiles;
             ++round;
         }
     });
-#endif
 }
 
 // The Hopper block: its shared memory and barriers, then the copying and computing warpgroups
