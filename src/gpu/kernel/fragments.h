@@ -95,8 +95,12 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
     for (int i = 0; i < 2; ++i) r.sum[i] = fmaf(r.sum[i], alpha[i], (chain[i][0] + chain[i][1]) + (chain[i][2] + chain[i][3]));
 }
 
-// The output rows scaled by the change of their maxima.
+// The output rows scaled by the change of their maxima. A warp none of whose rows changed its
+// maximum (every alpha exactly 1: exp2 of exactly 0) skips the multiplications, which would
+// leave O as it is: on long rows most key tiles raise no row's maximum, and the softmax is
+// bound by instruction issue.
 template <int NO> VA_DEVICE void va_rescale_fragment(float (&o)[NO][4], const float (&alpha)[2]) {
+    if (!va_any(alpha[0] != 1.0f || alpha[1] != 1.0f)) return;
 #pragma unroll
     for (int n = 0; n < NO; ++n) {
         o[n][0] *= alpha[0];
