@@ -29,17 +29,16 @@ KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "
 
 
 def source():
-    """attention.hip with every local header inlined once."""
-    seen = set()
+    """attention.hip with its local headers inlined wherever included, as `src/gpu/source.rs`
+    does (a header may sit in both branches of an `#if`: fragments.h for the wgmma and the
+    mma.sync tiles)."""
 
     def inline(name):
         lines = []
         for line in open(os.path.join(KERNEL, name)).read().splitlines():
             header = re.match(r'#include "(.*)"', line)
             if header and os.path.exists(os.path.join(KERNEL, header.group(1))):
-                if header.group(1) not in seen:
-                    seen.add(header.group(1))
-                    lines.append(inline(header.group(1)))
+                lines.append(inline(header.group(1)))
             else:
                 lines.append(line)
         return "\n".join(lines)
