@@ -12,6 +12,10 @@ struct VaRows {
     float sum[2];     // running sum of exp2((s - max) · factor), this thread's columns only
 };
 
+// What `va_softmax_fragment` multiplies scores by: scale · log2(e), or 1 where the soft-cap has
+// already put them in base-2 units.
+VA_DEVICE float va_score_factor(const VaParams& p) { return VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2; }
+
 VA_DEVICE VaRows va_rows(int first_row, int g) {
     return VaRows{{first_row + g, first_row + g + 8}, {VA_NEG_INF, VA_NEG_INF}, {0.0f, 0.0f}};
 }

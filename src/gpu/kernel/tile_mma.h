@@ -51,7 +51,7 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
         for (int n = 0; n < NO; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
         rows[mt] = va_rows(warp_first + mt * 16, g);
     }
-    const float factor = VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2;
+    const float factor = va_score_factor(p);
 
     for (int j = tile.j_begin; j < tile.j_end; ++j) {
         const int buf = (j - tile.j_begin) & 1;
