@@ -427,7 +427,8 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         va_fence_registers(o_flat);
         va_release_stage(sm.v_empty, last);
     } else if (VA_DEFER_WRITE) {
-        // No key: every thread's sums are 0, already the totals; nothing to wait for.
+        // No key for this tile (its sums are 0, already the totals): the previous tile's write
+        // first, then this one's zeros at once.
         va_finish_write(p, sm, deferred, o, rows, factor, t);
         fresh_output();
     }
