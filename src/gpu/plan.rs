@@ -94,9 +94,6 @@ pub(crate) struct Variant {
     /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
     /// sizeable share of the kernel's code, which small problems fetch cold).
     pub softcap: bool,
-    /// Hopper: each tile's write of O under the next tile's first score product
-    /// (`VA_DEFER_WRITE`, a tuning switch).
-    pub defer_write: bool,
     pub f16: bool,
     pub target: Target,
 }
@@ -132,7 +129,6 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
-                    defer_write: false,
                     f16,
                     target,
                 }
@@ -161,7 +157,6 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
-                    defer_write: false,
                     f16,
                     target,
                 }
@@ -240,7 +235,6 @@ impl Variant {
         if tuning.one_q_buffer {
             variant.q_buffers = 1;
         }
-        variant.defer_write = tuning.defer_write;
         variant
     }
 
@@ -280,9 +274,6 @@ impl Variant {
         ];
         if self.target == Target::Wgmma {
             d.push("-DVA_WGMMA=1".into());
-        }
-        if self.defer_write {
-            d.push("-DVA_DEFER_WRITE=1".into());
         }
         if self.f16 {
             d.push("-DVA_IS_F16=1".into());
@@ -759,7 +750,6 @@ mod tests {
                 stages: 2,
                 q_buffers: 1,
                 softcap: false,
-                defer_write: false,
                 f16: false,
                 target: Target::Mma
             }
@@ -915,9 +905,6 @@ mod tests {
         let tall = with(Tuning { block_m: Some(192), ..Tuning::default() });
         assert_eq!((tall.block_m(), tall.threads(), tall.block_n, tall.stages, tall.q_buffers), (192, 512, 128, 3, 2));
         assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
-        let deferred = with(Tuning { defer_write: true, ..Tuning::default() });
-        assert!(deferred.defines().contains(&"-DVA_DEFER_WRITE=1".to_string()));
-        assert!(!with(Tuning::default()).defines().iter().any(|d| d.contains("DEFER")));
         // A problem that fills the GPU with 192-row tiles takes them unless told otherwise.
         let (cu, shape) = ([0, 16384], [16384, 16, 72]);
         let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();

@@ -105,14 +105,6 @@ pub(crate) fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
             for (d, dv, f16) in [(72, 72, false), (128, 128, true)] {
                 all.push(Variant::new(d, dv, f16, target).with_three_warpgroups());
             }
-            // Each tile's write under the next tile's first product (a switch).
-            all.push(Variant { defer_write: true, ..Variant::new(72, 72, false, target) });
-            all.push(Variant { defer_write: true, ..Variant::new(128, 128, true, target).with_one_warpgroup() });
-            all.push(Variant {
-                defer_write: true,
-                softcap: true,
-                ..Variant::new(72, 72, true, target).with_three_warpgroups()
-            });
         }
     }
     all

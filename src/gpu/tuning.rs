@@ -11,7 +11,6 @@
 //! | `VARLEN_ATTN_GPU_BLOCK_N=192`, `=128` or `=64` | Hopper uses key tiles of that many keys (heads up to 128 wide) |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
 //! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
-//! | `VARLEN_ATTN_GPU_DEFER_WRITE=1` | Hopper writes each tile's O under the next tile's first score product (prepared, not yet measured) |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
 
 use std::path::PathBuf;
@@ -31,8 +30,6 @@ pub(crate) struct Tuning {
     pub max_splits: Option<usize>,
     /// Hopper launches a block per unit of work instead of a persistent grid.
     pub no_persistent: bool,
-    /// Hopper: each tile's write under the next tile's first product (`VA_DEFER_WRITE`).
-    pub defer_write: bool,
     pub dump_ptx: Option<PathBuf>,
 }
 
@@ -59,7 +56,6 @@ impl Tuning {
                 .filter(|n| [64, 128, 192].contains(n)),
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
             no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
-            defer_write: is("VARLEN_ATTN_GPU_DEFER_WRITE", "1"),
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
         }
     }
@@ -83,7 +79,6 @@ mod tests {
                     "VARLEN_ATTN_GPU_BLOCK_N" => "192",
                     "VARLEN_ATTN_GPU_SPLITS" => "1",
                     "VARLEN_ATTN_GPU_PERSISTENT" => "0",
-                    "VARLEN_ATTN_GPU_DEFER_WRITE" => "1",
                     _ => "/tmp/ptx",
                 }
                 .to_string(),
@@ -91,7 +86,7 @@ mod tests {
         };
         let all = Tuning::from(env);
         assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128) && all.no_persistent);
-        assert!(all.one_q_buffer && all.block_n == Some(192) && all.defer_write);
+        assert!(all.one_q_buffer && all.block_n == Some(192));
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);

@@ -8,9 +8,7 @@
 // re-reads Q's fragments from shared memory, for wide heads), VA_WGMMA (1: the Hopper tile),
 // VA_MIN_BLOCKS (blocks per multiprocessor the register budget must allow), VA_STAGES (Hopper:
 // shared-memory stages of K and V, 2 or 3), VA_Q_BUFFERS (Hopper: Q's buffers, 1 or 2),
-// VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one),
-// VA_DEFER_WRITE (Hopper, 1: a tile's write of O under the next tile's first score product; a
-// tuning switch, 0 by default).
+// VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one).
 
 #pragma once
 
@@ -46,9 +44,6 @@
 #endif
 #ifndef VA_Q_BUFFERS
 #define VA_Q_BUFFERS 1
-#endif
-#ifndef VA_DEFER_WRITE
-#define VA_DEFER_WRITE 0
 #endif
 // VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
 // registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM, and

@@ -294,44 +294,13 @@ VA_DEVICE va_u32 va_k_stage16(const VaWgmmaSmem& sm, int n) { return va_smem_add
 VA_DEVICE va_u32 va_v_stage16(const VaWgmmaSmem& sm, int n) { return va_smem_address16(sm.v) + va_stage(n) * (VaVTile::ELEMS / 8); }
 VA_DEVICE va_u32 va_q_buffer16(const VaWgmmaSmem& sm, int r) { return va_smem_address16(sm.q) + va_q_buffer(r) * (VaQTile::ELEMS / 8); }
 
-// With VA_DEFER_WRITE (a tuning switch, off by default), a tile's write of O waits until the
-// next tile's first score product is issued: its last value product then runs under the search
-// for the next tile, the wait for that tile's Q and keys and the turn, instead of being waited
-// for at once (short tiles, as in batches of small images, pay that once per one or two key
-// tiles). The output accumulators stay in the same registers: the write of one tile is done
-// before the next one's first value product. What is left to write, and after which product:
-struct VaDeferredWrite {
-    VaTile tile;  // the tile whose output the accumulators hold
-    int last;     // the block's key tile its last value product reads (whose stage to release)
-    bool pending; // whether a write is left
-};
-
-// Writes the deferred tile, if any, once every product issued is done. The wait comes first,
-// whether or not a write is left, and waits for all: ptxas serializes every warpgroup MMA of the
-// kernel (a wait after each: its C7514 and C7515 notes) unless it can tell that every path from a
-// product to the next use of its accumulators passes a wait, which it could not with the
-// previous tile's value product waited for under the next tile's score product (`wait<1>`).
-template <int NO>
-VA_DEVICE void va_finish_write(const VaParams& p, const VaWgmmaSmem& sm, VaDeferredWrite& deferred, float (&o)[NO][4],
-                               const VaRows& rows, float factor, int t) {
-    va_wgmma_wait<0>();
-    va_fence_registers(reinterpret_cast<float(&)[NO * 4]>(o));
-    if (!deferred.pending) return;
-    va_release_stage(sm.v_empty, deferred.last);
-    va_store_fragment(p, deferred.tile, o, rows, factor, t);
-    deferred.pending = false;
-}
-
 // A computing warpgroup: its 64 query rows of one tile against the tile's key tiles, the
-// block's from `first` on, with Q's round `round`, into the output accumulators `o` and the row
-// state `rows`. The score product of key tile i runs alongside the value product of tile i - 1
-// (FlashAttention-3's intra-warpgroup overlap): the softmax of tile i waits only for the scores,
-// then the values. With VA_DEFER_WRITE the previous tile's write (`deferred`) is done here,
-// once this tile's first score product is issued, and this tile's is left in `deferred`.
-template <int NO>
-VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, int first, int round,
-                               float (&o)[NO][4], VaRows& rows, VaDeferredWrite& deferred) {
-    constexpr int NS = VA_BLOCK_N / 8; // 8-key chunks of a score row
+// block's from `first` on, with Q's round `round`. The score product of key tile i runs
+// alongside the value product of tile i - 1 (FlashAttention-3's intra-warpgroup overlap): the
+// softmax of tile i waits only for the scores, then the values.
+VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, int first, int round) {
+    constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
+    constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
     const int g = lane / 4, t = lane % 4;
     // The warpgroup, read through a shuffle so that the compiler knows it is the same across the
@@ -340,13 +309,11 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
     const int q_first = group * 64;
     const int warp_first = tile.m0 + warp * 16;
     const int warp_last = min(warp_first + 15, tile.lq - 1);
-    float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
-    const auto fresh_output = [&] {
+    float o[NO][4];
 #pragma unroll
-        for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-        rows = va_rows(warp_first, g);
-    };
-    if (!VA_DEFER_WRITE) fresh_output();
+    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float(&o_flat)[NO * 4] = reinterpret_cast<float(&)[NO * 4]>(o);
+    VaRows rows = va_rows(warp_first, g);
     const float factor = va_score_factor(p);
     const int tiles = tile.j_end - tile.j_begin;
 
@@ -381,10 +348,6 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         va_take_turn(group);
         va_issue_scores(s, q16, q_first, va_k_stage16(sm, first));
         va_pass_turn(group);
-        if (VA_DEFER_WRITE) {
-            va_finish_write(p, sm, deferred, o, rows, factor, t);
-            fresh_output();
-        }
         va_wgmma_wait<0>();
         va_fence_registers(s_flat);
         scores_read(0);
@@ -419,19 +382,10 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         // last one's would have no taker (it passed one ahead, to start the tile).
         if (group != VA_GROUPS - 1) va_pass_turn(group);
         va_total_rows(rows); // under the last product
-        if (VA_DEFER_WRITE) {
-            deferred = VaDeferredWrite{tile, last, true};
-            return;
-        }
         va_wgmma_wait<0>();
         va_fence_registers(o_flat);
         va_release_stage(sm.v_empty, last);
-    } else if (VA_DEFER_WRITE) {
-        // No key for this tile (its sums are 0, already the totals): the previous tile's write
-        // first, then this one's zeros at once.
-        va_finish_write(p, sm, deferred, o, rows, factor, t);
-        fresh_output();
-    }
+    } // else no key: every thread's sums are 0, already the totals
 
     va_store_fragment(p, tile, o, rows, factor, t);
 }
@@ -440,19 +394,14 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
 VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm) {
     va_registers_claim<VA_CONSUMER_REGISTERS>();
     int first = 0, round = 0; // as the copying warpgroup counts them
-    float o[VA_HEAD_DIM_V_PAD / 8][4];
-    VaRows rows;
-    VaDeferredWrite deferred;
-    deferred.pending = false;
     va_for_each_tile(p, [&](const VaTile& tile) {
-        va_consume_tile(p, tile, sm, first, round, o, rows, deferred);
+        va_consume_tile(p, tile, sm, first, round);
         const int tiles = tile.j_end - tile.j_begin;
         if (tiles > 0) {
             first += tiles;
             ++round;
         }
     });
-    if (VA_DEFER_WRITE) va_finish_write(p, sm, deferred, o, rows, va_score_factor(p), threadIdx.x % 4);
 }
 
 // The Hopper block: its shared memory and barriers, then the copying and computing warpgroups
