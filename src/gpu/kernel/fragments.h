@@ -54,14 +54,17 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
     }
     // Maxima and sums run as four interleaved chains per row, not one dependent chain of NS
     // steps: with two warps per scheduler, nothing else would hide those latencies.
+    // Each chain starts from its first chunk, not from -inf (a maximum with -inf is not folded
+    // away: one wasted instruction per chain). A row's maximum is the same either way, NaN
+    // scores included: fmaxf drops a NaN beside a number, and `new_max` below takes the
+    // running maximum beside a tile whose scores were all NaN.
     static_assert(NS % 4 == 0, "key tiles are multiples of 32 keys");
     float chain[2][4];
 #pragma unroll
-    for (int c = 0; c < 4; ++c) chain[0][c] = chain[1][c] = VA_NEG_INF;
-#pragma unroll
     for (int n = 0; n < NS; ++n) {
-        chain[0][n % 4] = fmaxf(chain[0][n % 4], fmaxf(s[n][0], s[n][1]));
-        chain[1][n % 4] = fmaxf(chain[1][n % 4], fmaxf(s[n][2], s[n][3]));
+        const float row0 = fmaxf(s[n][0], s[n][1]), row1 = fmaxf(s[n][2], s[n][3]);
+        chain[0][n % 4] = n < 4 ? row0 : fmaxf(chain[0][n % 4], row0);
+        chain[1][n % 4] = n < 4 ? row1 : fmaxf(chain[1][n % 4], row1);
     }
     float tile_max[2], shift[2];
 #pragma unroll

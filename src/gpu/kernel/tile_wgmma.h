@@ -254,6 +254,12 @@ VA_DEVICE void va_release_q(const VaWgmmaSmem& sm, int round) {
 // turn, met by its 128 threads and the 128 of the warpgroup passing it. A lone computing
 // warpgroup has no one to wait for. Three (192-row tiles) suit narrow heads, whose products are
 // short beside the softmax.
+//
+// Every warpgroup passes its turn on right after issuing each product, the last one too, so
+// that warpgroup 0 may start the next tile while the others wait for their last values and
+// write theirs. The ring starts with one pass from the last warpgroup to warpgroup 0
+// (`va_start_turns`) and ends with warpgroup 0 taking that many more (`va_end_turns`): named
+// barriers must balance.
 #define VA_GROUPS (VA_WARPS / 4)
 static_assert(VA_GROUPS >= 1 && VA_GROUPS <= 3, "one to three computing warpgroups");
 #define VA_TURN 1
@@ -262,6 +268,12 @@ VA_DEVICE void va_take_turn(int group) {
 }
 VA_DEVICE void va_pass_turn(int group) {
     if (VA_GROUPS > 1) va_named_arrive(VA_TURN + (group + 1) % VA_GROUPS, 2 * 128);
+}
+VA_DEVICE void va_start_turns(int group) {
+    if (group == VA_GROUPS - 1) va_pass_turn(group);
+}
+VA_DEVICE void va_end_turns(int group) {
+    if (group == 0) va_take_turn(group);
 }
 
 // S = Q K^T for this warpgroup's 64 rows, issued (not waited for): both operands K-major in
@@ -341,7 +353,6 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
             if (i == tiles - 1) va_release_q(sm, round);
         };
 
-        if (group == VA_GROUPS - 1) va_pass_turn(group); // warpgroup 0 goes first
         const va_u32 q16 = va_q_buffer16(sm, round);
         va_mbarrier_wait(&sm.q_full[va_q_buffer(round)], va_q_phase(round));
         va_wait_stage(sm.k_full, first);
@@ -378,9 +389,7 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         va_wait_stage(sm.v_full, last);
         va_take_turn(group);
         va_issue_values(o, pf, va_v_stage16(sm, last));
-        // Named barriers must balance: every warpgroup but the last passes its last turn on; the
-        // last one's would have no taker (it passed one ahead, to start the tile).
-        if (group != VA_GROUPS - 1) va_pass_turn(group);
+        va_pass_turn(group);
         va_total_rows(rows); // under the last product
         va_wgmma_wait<0>();
         va_fence_registers(o_flat);
@@ -394,6 +403,8 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
 VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm) {
     va_registers_claim<VA_CONSUMER_REGISTERS>();
     int first = 0, round = 0; // as the copying warpgroup counts them
+    const int group = __shfl_sync(0xffffffffu, threadIdx.x / VA_WARP / 4, 0);
+    va_start_turns(group);
     va_for_each_tile(p, [&](const VaTile& tile) {
         va_consume_tile(p, tile, sm, first, round);
         const int tiles = tile.j_end - tile.j_begin;
@@ -402,6 +413,7 @@ VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm) {
             ++round;
         }
     });
+    va_end_turns(group);
 }
 
 // The Hopper block: its shared memory and barriers, then the copying and computing warpgroups
