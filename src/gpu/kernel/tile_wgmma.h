@@ -269,6 +269,9 @@ VA_DEVICE void va_take_turn(int group) {
 VA_DEVICE void va_pass_turn(int group) {
     if (VA_GROUPS > 1) va_named_arrive(VA_TURN + (group + 1) % VA_GROUPS, 2 * 128);
 }
+// This computing warpgroup's index, read through a shuffle so that the compiler knows it is the
+// same across the warp: Q's descriptors then stay in uniform registers (as CUTLASS does).
+VA_DEVICE int va_computing_group() { return __shfl_sync(0xffffffffu, threadIdx.x / VA_WARP / 4, 0); }
 VA_DEVICE void va_start_turns(int group) {
     if (group == VA_GROUPS - 1) va_pass_turn(group);
 }
@@ -315,9 +318,7 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
     const int g = lane / 4, t = lane % 4;
-    // The warpgroup, read through a shuffle so that the compiler knows it is the same across the
-    // warp: Q's descriptors then stay in uniform registers (as CUTLASS does).
-    const int group = __shfl_sync(0xffffffffu, warp / 4, 0);
+    const int group = va_computing_group();
     const int q_first = group * 64;
     const int warp_first = tile.m0 + warp * 16;
     const int warp_last = min(warp_first + 15, tile.lq - 1);
@@ -403,7 +404,7 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
 VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm) {
     va_registers_claim<VA_CONSUMER_REGISTERS>();
     int first = 0, round = 0; // as the copying warpgroup counts them
-    const int group = __shfl_sync(0xffffffffu, threadIdx.x / VA_WARP / 4, 0);
+    const int group = va_computing_group();
     va_start_turns(group);
     va_for_each_tile(p, [&](const VaTile& tile) {
         va_consume_tile(p, tile, sm, first, round);
