@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the GPU bench and test binaries of main and of each prepared kernel patch
+# (docs/prepared/) into .gpu-bin/, named apart and stripped, ready to carry to the GPU machine
+# for benches/h200_candidate.sh:
+#
+#   bash benches/build_candidates.sh ps=docs/prepared/predicated-stores.patch \
+#       pw=docs/prepared/pair-walk.patch
+#
+# gives .gpu-bin/bench-main, gpu-main, bench-ps, gpu-ps, bench-pw and gpu-pw (stripped, ~1.6 MB
+# per bench binary and ~3.4 MB per test binary: well under the device tool's 64 MiB), in ~70 s.
+# Each patch is applied to the working tree for its build and reverted after it; src/ and
+# tests/ must have no other changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bundle=../shared/tools/gpu-bundle
+if ! git diff --quiet -- src tests; then
+    echo "src/ or tests/ has uncommitted changes: commit or stash them first" >&2
+    exit 2
+fi
+store=$(mktemp -d)
+build() {
+    "$bundle" bench --bench gpu >"$store/build-$1.log" 2>&1 && mv .gpu-bin/gpu-* "$store/bench-$1"
+    "$bundle" test --test gpu >>"$store/build-$1.log" 2>&1 && mv .gpu-bin/gpu-* "$store/gpu-$1"
+    rm "$store/build-$1.log"
+}
+build main
+for candidate in "$@"; do
+    name=${candidate%%=*} patch=${candidate#*=}
+    git apply "$patch"
+    trap 'git apply -R "$patch"' EXIT
+    build "$name"
+    git apply -R "$patch"
+    trap - EXIT
+done
+rm -rf .gpu-bin && mkdir .gpu-bin && mv "$store"/* .gpu-bin/ && rmdir "$store"
+strip --strip-debug .gpu-bin/*
+ls -la .gpu-bin && du -sh .gpu-bin
