@@ -8,8 +8,9 @@
 #
 # gives .gpu-bin/bench-main, gpu-main, bench-ps, gpu-ps, bench-pw and gpu-pw (stripped, ~1.6 MB
 # per bench binary and ~3.4 MB per test binary: well under the device tool's 64 MiB), in ~70 s.
-# Each patch is applied to the working tree for its build and reverted after it; src/ and
-# tests/ must have no other changes.
+# A candidate may name several patches, comma-separated (both=a.patch,b.patch). Each is applied
+# to the working tree for its build and reverted after it; src/ and tests/ must have no other
+# changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=../shared/tools/gpu-bundle
@@ -25,11 +26,12 @@ build() {
 }
 build main
 for candidate in "$@"; do
-    name=${candidate%%=*} patch=${candidate#*=}
-    git apply "$patch"
-    trap 'git apply -R "$patch"' EXIT
+    name=${candidate%%=*}
+    IFS=, read -ra patches <<<"${candidate#*=}"
+    git apply "${patches[@]}"
+    trap 'git apply -R "${patches[@]}"' EXIT
     build "$name"
-    git apply -R "$patch"
+    git apply -R "${patches[@]}"
     trap - EXIT
 done
 rm -rf .gpu-bin && mkdir .gpu-bin && mv "$store"/* .gpu-bin/ && rmdir "$store"
