@@ -20,9 +20,14 @@ if ! git diff --quiet -- src tests; then
 fi
 store=$(mktemp -d)
 build() {
-    "$bundle" bench --bench gpu >"$store/build-$1.log" 2>&1 && mv .gpu-bin/gpu-* "$store/bench-$1"
-    "$bundle" test --test gpu >>"$store/build-$1.log" 2>&1 && mv .gpu-bin/gpu-* "$store/gpu-$1"
-    rm "$store/build-$1.log"
+    local log="$store/build-$1.log"
+    if ! { "$bundle" bench --bench gpu && mv .gpu-bin/gpu-* "$store/bench-$1" &&
+        "$bundle" test --test gpu && mv .gpu-bin/gpu-* "$store/gpu-$1"; } >"$log" 2>&1; then
+        tail -20 "$log" >&2
+        echo "building $1 failed; its whole log: $log" >&2
+        return 1
+    fi
+    rm "$log"
 }
 build main
 for candidate in "$@"; do

@@ -2,7 +2,7 @@
 # Where the problems still short of issue 17's bars spend their time, for the next change to aim
 # at (the 64 images x 256 batch on both cu_seqlens paths, shape 16):
 #  1. each kernel's duration in the 64 x 256 batch's calls, cu_seqlens on the host against on
-#     the device (Nsight Compute, one metric; summarised by benches/kernel_durations.py);
+#     the device (Nsight Compute, one metric: benches/kernel_durations.py);
 #  2. launch and per-SM activity on shapes 16 and 17 (grid, registers, the busiest and the
 #     least busy multiprocessor's active cycles against the average: the tail);
 #  3. the 64 x 256 batch's attention kernel in full, with its SASS-level stall samples as CSV
@@ -15,9 +15,7 @@ source "$(dirname "$0")/h200_common.sh"
 bench=$PWD/.gpu-bin/bench-gpu
 
 step "64 x 256: kernel durations, cu_seqlens on the host and on the device"
-room 150 && timeout 150 ncu --csv --page raw --metrics gpu__time_duration.sum -k regex:va_ -c 230 \
-    --clock-control none --cache-control none "$bench" --batches >"$out/durations.csv" 2>&1
-python3 benches/kernel_durations.py "$out/durations.csv" | tee "$out/durations.txt"
+room 150 && timeout 150 python3 benches/kernel_durations.py "$bench" | tee "$out/durations.txt"
 
 metrics=gpu__time_duration.sum,launch__grid_size,launch__block_size,launch__registers_per_thread
 metrics=$metrics,sm__cycles_active.avg,sm__cycles_active.max,sm__cycles_active.min,sm__cycles_elapsed.max

@@ -57,6 +57,11 @@ def nvrtc():
     return ctypes.CDLL(found)
 
 
+def forward_function(sass):
+    """The attention kernel's code in nvdisasm's listing of the cubin."""
+    return sass.split(".text.va_attention_forward:", 1)[-1].split(".section", 1)[0]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sass", help="write the SASS here (needs nvdisasm on the PATH)")
@@ -88,7 +93,7 @@ def main():
             f.flush()
             sass = subprocess.run([nvdisasm, "-c", f.name], capture_output=True, text=True, check=True).stdout
         open(args.sass, "w").write(sass)
-        forward = sass.split(".text.va_attention_forward:", 1)[-1].split(".section", 1)[0]
+        forward = forward_function(sass)
         # The copying warps branch off to their USETMAXREG.DEALLOC after the computing warps'
         # last EXIT: what lies between (their prologue) is theirs too.
         before, _, copying = forward.partition("USETMAXREG.DEALLOC")

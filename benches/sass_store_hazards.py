@@ -8,8 +8,12 @@ shows the wait as a long-scoreboard stall on the writing instruction).
 
 Prints one line per such store and the count; a branch or exit ends a store's window.
 """
+import os
 import re
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ptxas_report import forward_function  # noqa: E402
 
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)\s*(.*?)\s*;")
 
@@ -25,13 +29,9 @@ def registers(operands):
 
 
 def main():
-    lines = open(sys.argv[1]).read().splitlines()
     window = int(sys.argv[2]) if len(sys.argv) > 2 else 60
-    start = next(i for i, line in enumerate(lines) if line.startswith(".text.va_attention_forward:"))
     code = []
-    for line in lines[start + 1:]:
-        if line.startswith("//----"):
-            break
+    for line in forward_function(open(sys.argv[1]).read()).splitlines():
         m = INSTRUCTION.match(line)
         if m:
             code.append((int(m.group(1), 16), m.group(3), m.group(4)))
