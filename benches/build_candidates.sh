@@ -3,10 +3,10 @@
 # (docs/prepared/) into .gpu-bin/, named apart and stripped, ready to carry to the GPU machine
 # for benches/h200_candidate.sh:
 #
-#   bash benches/build_candidates.sh ps=docs/prepared/predicated-stores.patch \
-#       pw=docs/prepared/pair-walk.patch
+#   bash benches/build_candidates.sh ps=/tmp/predicated-stores.patch pw=/tmp/pair-walk.patch
 #
-# gives .gpu-bin/bench-main, gpu-main, bench-ps, gpu-ps, bench-pw and gpu-pw (stripped, ~1.6 MB
+# (the eleventh session's, from `git show e139140:docs/prepared/<name>.patch`) gives
+# .gpu-bin/bench-main, gpu-main, bench-ps, gpu-ps, bench-pw and gpu-pw (stripped, ~1.6 MB
 # per bench binary and ~3.4 MB per test binary: well under the device tool's 64 MiB), in ~70 s.
 # A candidate may name several patches, comma-separated (both=a.patch,b.patch). Each is applied
 # to the working tree for its build and reverted after it; src/ and tests/ must have no other
