@@ -110,6 +110,28 @@ impl<'a> Problem<'a> {
         })
     }
 
+    /// The same tensors and parameters cut into other sequences: `cu_seqlens_q` and
+    /// `cu_seqlens_k` must be valid for the same token counts (checked in debug builds).
+    #[cfg(feature = "gpu")]
+    pub fn with_cu_seqlens<'b>(&self, cu_seqlens_q: &'b [i32], cu_seqlens_k: &'b [i32]) -> Problem<'b> {
+        debug_assert!(check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, self.total_q).is_ok());
+        debug_assert!(check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, self.cu_seqlens_k[self.batch()] as usize).is_ok());
+        debug_assert_eq!(cu_seqlens_q.len(), cu_seqlens_k.len());
+        Problem {
+            total_q: self.total_q,
+            num_heads: self.num_heads,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim_v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            scale: self.scale,
+            scale_exact: self.scale_exact,
+            softcap: self.softcap,
+            mask: self.mask,
+        }
+    }
+
     /// The shape of the output, `[total_q, num_heads, head_dim_v]`.
     pub fn out_shape(&self) -> [usize; 3] {
         [self.total_q, self.num_heads, self.head_dim_v]

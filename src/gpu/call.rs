@@ -65,8 +65,9 @@ pub fn forward_device<T: Element>(
 /// GPU, by the small kernel that plans the tiles from them (start at 0, never decrease, end
 /// at q's and k's token counts): cu_seqlens that break a rule make the call write nothing
 /// (no block reads q, k or v, none writes `out` or `lse`) and raise the device's flag, which
-/// [`Device::check_seqlens`] reports. The grid is sized for the most tiles q's token count
-/// allows; the keys are not split across blocks (the host cannot see the lengths).
+/// [`Device::check_seqlens`] reports. The host cannot see the lengths: it picks the tile
+/// shape as for `batch` sequences of equal length (a guess that only affects speed), sizes the
+/// grid for the most tiles q's token count allows, and splits no sequence's keys across blocks.
 ///
 /// ```no_run
 /// use half::bf16;

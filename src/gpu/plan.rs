@@ -34,6 +34,11 @@ fn split_pairs_longest_keys(problem: &Problem, tile_start: &[i32], tiles: usize,
         .unwrap_or(0)
 }
 
+/// The cu_seqlens of `tokens` cut into `batch` sequences whose lengths differ by at most one.
+fn even_cu_seqlens(tokens: usize, batch: usize) -> Vec<i32> {
+    (0..=batch).map(|b| (tokens as u64 * b as u64 / batch as u64) as i32).collect()
+}
+
 /// Query rows times keys, each rounded up to whole tiles of `block_m` rows and `block_n` keys:
 /// the scores a call computes, the padding of each sequence's last tiles included.
 fn padded_scores(problem: &Problem, block_m: usize, block_n: usize) -> usize {
@@ -200,15 +205,14 @@ impl Variant {
     /// take 192-key tiles where they pad the keys by at most 2% more than 128-key ones: per
     /// key they ran 3-6% faster on the H200 (fewer fixed costs per tile), but each sequence's
     /// last tile pads up to 191 keys, which short sequences pay for (16 images × 1024 tokens:
-    /// 9% slower); with cu_seqlens on the device the lengths are unknown, and tiles keep 128
-    /// keys. Then whatever the tuning switches force.
-    fn hopper_tiles(self, problem: &Problem, multiprocessors: usize, tuning: &Tuning, lengths_known: bool) -> Self {
+    /// 9% slower). With cu_seqlens on the device `problem`'s lengths are a guess
+    /// (`Plan::with_device_seqlens`). Then whatever the tuning switches force.
+    fn hopper_tiles(self, problem: &Problem, multiprocessors: usize, tuning: &Tuning) -> Self {
         let mut variant = self;
         let query_tiles =
             |rows: usize| -> usize { (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(rows)).sum() };
         let small = 2 * query_tiles(self.block_m()) * problem.num_heads <= multiprocessors;
-        let tall_tiles_pay = lengths_known
-            && !small
+        let tall_tiles_pay = !small
             && self.head_dim_pad <= 80
             && self.head_dim_v_pad <= 72
             && query_tiles(192) * problem.num_heads >= multiprocessors
@@ -221,8 +225,7 @@ impl Variant {
             _ => {}
         }
         let widest = variant.head_dim_pad.max(variant.head_dim_v_pad);
-        let wide_tiles_pay = lengths_known
-            && widest <= 96
+        let wide_tiles_pay = widest <= 96
             && variant.warps == 8
             && 50 * padded_scores(problem, 1, 192) <= 51 * padded_scores(problem, 1, variant.block_n);
         let block_n = tuning.block_n.or(wide_tiles_pay.then_some(192));
@@ -422,23 +425,10 @@ pub(crate) struct Plan {
 impl Plan {
     /// Plans `problem` on `gpu` for the tensors `operands`.
     pub fn new(problem: &Problem, f16: bool, gpu: Gpu, tuning: &Tuning, operands: Operands) -> Plan {
-        Plan::planned(problem, f16, gpu, tuning, operands, true)
-    }
-
-    /// `Plan::new`, for sequence lengths that are `problem`'s (`lengths_known`) or only bounded
-    /// by its token counts (cu_seqlens on the device).
-    fn planned(
-        problem: &Problem,
-        f16: bool,
-        gpu: Gpu,
-        tuning: &Tuning,
-        operands: Operands,
-        lengths_known: bool,
-    ) -> Plan {
         let (target, multiprocessors) = (gpu.target, gpu.multiprocessors);
         let mut variant = Variant::for_problem(problem, f16, target);
         if target == Target::Wgmma {
-            variant = variant.hopper_tiles(problem, multiprocessors, tuning, lengths_known);
+            variant = variant.hopper_tiles(problem, multiprocessors, tuning);
         }
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
@@ -517,8 +507,12 @@ impl Plan {
 
     /// Plans a call whose `cu_seqlens` (`batch + 1` entries each, at `cu_seqlens`) are on the
     /// device and are neither read nor checked here: `problem` is the call as one sequence of
-    /// all the tokens (its shapes and parameters validated). The grid covers the most tiles the
-    /// token count allows, `total_q / BLOCK_M + batch`; the keys are not split.
+    /// all the tokens (its shapes and parameters validated). The tiles are chosen as if the
+    /// tokens were `batch` sequences of equal length, the one guess the host can make without
+    /// reading the lengths: it picks the host's tiles for batches of same-sized images, and
+    /// where lengths vary the longest sequences, which take most of the time, are at least as
+    /// long as the guess. The grid covers the most tiles the token count allows,
+    /// `total_q / BLOCK_M + batch`; the keys are not split.
     pub fn with_device_seqlens(
         problem: &Problem,
         batch: usize,
@@ -528,7 +522,9 @@ impl Plan {
         tuning: &Tuning,
         operands: Operands,
     ) -> Plan {
-        let mut plan = Plan::planned(problem, f16, gpu, tuning, operands, false);
+        let key_tokens = problem.cu_seqlens().1.last().map_or(0, |&t| t as usize);
+        let (even_q, even_k) = (even_cu_seqlens(problem.total_q, batch), even_cu_seqlens(key_tokens, batch));
+        let mut plan = Plan::new(&problem.with_cu_seqlens(&even_q, &even_k), f16, gpu, tuning, operands);
         plan.schedule = Schedule::Device { cu_seqlens_q: cu_seqlens[0], cu_seqlens_k: cu_seqlens[1] };
         plan.batch = batch;
         plan.splits = 1;
@@ -871,19 +867,33 @@ mod tests {
         assert_eq!(tiles(&[17296], 80), (128, 192));
         assert_eq!(tiles(&[1024; 16], 80), (128, 128));
         assert_eq!(tiles(&[17296], 128), (128, 128));
-        // With cu_seqlens on the device the host sees only a bound on the tokens: 128 × 128.
-        let (cu, shape) = ([0, 17296], [17296, 16, 72]);
-        let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
-        let device = Plan::with_device_seqlens(
-            &problem,
-            64,
-            [0x1000, 0x2000],
-            false,
-            hopper,
-            &Tuning::default(),
-            Operands::default(),
-        );
-        assert_eq!((device.variant.block_m(), device.variant.block_n), (128, 128));
+        // With cu_seqlens on the device the host sees only the token counts and the batch: it
+        // takes the tiles of as many sequences of equal length.
+        let on_device = |tokens: usize, batch: usize, d: usize| {
+            let (cu, shape) = ([0, tokens as i32], [tokens, 16, d]);
+            let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+            let tuning = Tuning::default();
+            let v = Plan::with_device_seqlens(
+                &problem,
+                batch,
+                [0x1000, 0x2000],
+                false,
+                hopper,
+                &tuning,
+                Operands::default(),
+            )
+            .variant;
+            (v.block_m(), v.block_n)
+        };
+        assert_eq!(on_device(16384, 16, 72), tiles(&[1024; 16], 72));
+        assert_eq!(on_device(16384, 64, 72), tiles(&[256; 64], 72));
+        assert_eq!(on_device(17296, 1, 80), tiles(&[17296], 80));
+        // The mixed batch's 9833 tokens as nine of 1092-1093: 192 rows, as its own lengths take.
+        assert_eq!(on_device(9833, 9, 72), (192, 128));
+        // tests/gpu.rs's device-cu_seqlens batches: 2861 tokens as 7 sequences, 5994 as 2000,
+        // one sequence of 1536 (too few 192-row tiles to fill the GPU; 192 keys pad none).
+        assert_eq!((on_device(2861, 7, 72), on_device(5994, 2000, 72)), ((192, 128), (128, 128)));
+        assert_eq!(on_device(1536, 1, 72), (128, 192));
     }
 
     #[test]
