@@ -115,7 +115,7 @@ impl<'a> Problem<'a> {
     #[cfg(feature = "gpu")]
     pub fn with_cu_seqlens<'b>(&self, cu_seqlens_q: &'b [i32], cu_seqlens_k: &'b [i32]) -> Problem<'b> {
         debug_assert!(check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, self.total_q).is_ok());
-        debug_assert!(check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, self.cu_seqlens_k[self.batch()] as usize).is_ok());
+        debug_assert!(check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, self.total_k()).is_ok());
         debug_assert_eq!(cu_seqlens_q.len(), cu_seqlens_k.len());
         Problem {
             total_q: self.total_q,
@@ -155,6 +155,12 @@ impl<'a> Problem<'a> {
     #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
     pub fn cu_seqlens(&self) -> (&'a [i32], &'a [i32]) {
         (self.cu_seqlens_q, self.cu_seqlens_k)
+    }
+
+    /// Key tokens of all the sequences (k's and v's first dimension).
+    #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
+    pub fn total_k(&self) -> usize {
+        self.cu_seqlens_k[self.batch()] as usize
     }
 
     /// Number of sequences.

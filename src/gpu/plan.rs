@@ -478,7 +478,7 @@ impl Plan {
         // A window wider than every query-key distance is no window: clamped to that width, so
         // that the kernel's row + offset ± window cannot wrap (usize::MAX windows did, and
         // masked every key).
-        let key_tokens = cu_seqlens_k.last().map_or(0, |&t| t as usize);
+        let key_tokens = problem.total_k();
         let widest = (problem.total_q + key_tokens).min(i32::MAX as usize);
         let window = |w: Option<usize>| w.map_or(-1, |w| w.min(widest) as i32);
         Plan {
@@ -522,8 +522,7 @@ impl Plan {
         tuning: &Tuning,
         operands: Operands,
     ) -> Plan {
-        let key_tokens = problem.cu_seqlens().1.last().map_or(0, |&t| t as usize);
-        let (even_q, even_k) = (even_cu_seqlens(problem.total_q, batch), even_cu_seqlens(key_tokens, batch));
+        let (even_q, even_k) = (even_cu_seqlens(problem.total_q, batch), even_cu_seqlens(problem.total_k(), batch));
         let mut plan = Plan::new(&problem.with_cu_seqlens(&even_q, &even_k), f16, gpu, tuning, operands);
         plan.schedule = Schedule::Device { cu_seqlens_q: cu_seqlens[0], cu_seqlens_k: cu_seqlens[1] };
         plan.batch = batch;
