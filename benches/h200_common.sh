@@ -20,13 +20,13 @@ room() {
     return 1
 }
 
-# `run_suite binary seconds`: the GPU suite (tests/gpu.rs) with its random cases capped at
-# SUITE_CASES (default 24), under a time cap, its log in $out/suite-<binary's name>.txt; prints
-# its verdict.
+# `run_suite binary seconds [name]`: the GPU suite (tests/gpu.rs) with its random cases capped
+# at SUITE_CASES (default 24), under a time cap, its log in $out/suite-<name>.txt (name: the
+# binary's, unless given: the same binary run under another switch); prints its verdict.
 run_suite() {
-    local log
-    log="$out/suite-$(basename "$1").txt"
-    step "GPU suite ($(basename "$1"), random cases capped at ${SUITE_CASES:-24})"
+    local name=${3:-$(basename "$1")} log
+    log="$out/suite-$name.txt"
+    step "GPU suite ($name, random cases capped at ${SUITE_CASES:-24})"
     room "$2" || return 0
     VARLEN_ATTN_GPU_CASES=${SUITE_CASES:-24} timeout "$2" "$1" >"$log" 2>&1
     echo "exit status $?" >>"$log"
