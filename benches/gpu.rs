@@ -8,7 +8,10 @@
 //! sampled rows.
 //!
 //! `../shared/tools/gpu-bundle bench --bench gpu`, then on the GPU machine
-//! `bash .gpu-bin/run-all.sh [shapes, e.g. 0-20]`. Prints a markdown table. With `--batches`,
+//! `bash .gpu-bin/run-all.sh [shapes, e.g. 0-20]`. Prints a markdown table. Shapes outside the
+//! seed's, for tuning the plan's rules: `VARLEN_ATTN_BENCH_SHAPES="16x72x1300,4x72x5000x2"`
+//! (heads × head_dim × tokens per sequence, × sequences where more than one), numbered from 100
+//! after the selected seed shapes. With `--batches`,
 //! realistic vision batches instead (many images of different sizes in one call; GQA; head
 //! dims 80 and 64), timed with cu_seqlens from the host and on the device
 //! (`benches/torch_gpu_batches.py` times FA2 varlen on the same batches).
@@ -16,7 +19,10 @@
 use half::bf16;
 use std::time::Instant;
 use varlen_attn::gpu::{forward_device, forward_device_seqlens, Device, DeviceTensor, DeviceTensorMut};
-use varlen_attn::{internal::workloads::SEED_SHAPES, oracle, Backend, Params};
+use varlen_attn::{
+    internal::workloads::{Shape, SEED_SHAPES},
+    oracle, Backend, Params,
+};
 
 fn selection() -> Vec<usize> {
     let arg = std::env::args().skip(1).find(|a| !a.starts_with('-')).unwrap_or_else(|| "0-20".into());
@@ -28,6 +34,27 @@ fn selection() -> Vec<usize> {
         }
     }
     out
+}
+
+/// The shapes of `VARLEN_ATTN_BENCH_SHAPES` (`HxDxL` or `HxDxLxN`), numbered from 100.
+fn custom_shapes() -> Vec<Shape> {
+    let list = std::env::var("VARLEN_ATTN_BENCH_SHAPES").unwrap_or_default();
+    list.split(',')
+        .filter(|s| !s.is_empty())
+        .enumerate()
+        .map(|(i, text)| {
+            let n: Vec<usize> =
+                text.split('x').map(|v| v.parse().expect("VARLEN_ATTN_BENCH_SHAPES: HxDxL[xN]")).collect();
+            assert!(n.len() == 3 || n.len() == 4, "VARLEN_ATTN_BENCH_SHAPES: HxDxL[xN], got {text}");
+            Shape {
+                index: 100 + i,
+                num_heads: n[0],
+                head_dim: n[1],
+                seq_len: n[2],
+                sequences: n.get(3).copied().unwrap_or(1),
+            }
+        })
+        .collect()
 }
 
 fn main() {
@@ -49,8 +76,13 @@ fn main() {
     }
     println!("| # | H | D | L | call ms | back-to-back ms | TFLOP/s | % of limit | host call ms | max error |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    for index in selection() {
-        let shape = SEED_SHAPES[index];
+    let seed_shapes = if custom_shapes().is_empty() || std::env::args().skip(1).any(|a| !a.starts_with('-')) {
+        selection().into_iter().map(|i| SEED_SHAPES[i]).collect()
+    } else {
+        Vec::new()
+    };
+    for shape in seed_shapes.into_iter().chain(custom_shapes()) {
+        let index = shape.index;
         let [q, k, v] = shape.random_inputs::<bf16>(index as u64);
         let cu = shape.cu_seqlens();
         let dims = [shape.tokens(), shape.num_heads, shape.head_dim];

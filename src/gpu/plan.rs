@@ -196,12 +196,16 @@ impl Variant {
     /// multiprocessors takes 64-row tiles (one computing warpgroup each): twice the blocks,
     /// each half the work, where a block's fixed cost is most of the time. Heads of at most 80
     /// (K) and 72 (V) columns take 192-row tiles (three computing warpgroups, whose turns at
-    /// the tensor cores cover the softmax better where the products are short) where those
-    /// fill a wave of multiprocessors and pad the rows at most 13% more: on the H200 10-14%
-    /// faster on long head_dim-72 sequences, 8% on 16 × 1024 tokens (12.5% more rows); slower
-    /// with fewer tiles than multiprocessors (4 heads × 4100 tokens: 28%), with rows half
-    /// padding (64 × 256: 23%), and on wider heads, whose accumulators spill from the 160
-    /// registers a computing thread then gets. Other heads up to 96 wide
+    /// the tensor cores cover the softmax better where the products are short) where they pad
+    /// the rows at most 13% more and either fill a wave of multiprocessors or spare the
+    /// 128-row tiles a second wave: on the H200 10-14% faster on long head_dim-72 sequences,
+    /// 8% on 16 × 1024 tokens (12.5% more rows); on an H100 22-30% faster where one wave of
+    /// 192-row tiles replaces two of 128 (16 heads × 1100-1536 tokens, 4 × 5000-6000, 8 ×
+    /// 2800, 16 × 2 × 700: their second wave was a key split and its merge; 4 × 4300, with 136
+    /// tiles of 128 rows, evens). Slower where 128-row tiles fit one wave (4 heads × 4100
+    /// tokens, 132 tiles: 28%; 16 × 720: 17%), with rows half padding (64 × 256: 23%), and on
+    /// wider heads, whose accumulators spill from the 160 registers a computing thread then
+    /// gets. Other heads up to 96 wide
     /// take 192-key tiles where they pad the keys by at most 2% more than 128-key ones: per
     /// key they ran 3-6% faster on the H200 (fewer fixed costs per tile), but each sequence's
     /// last tile pads up to 191 keys, which short sequences pay for (16 images × 1024 tokens:
@@ -211,11 +215,12 @@ impl Variant {
         let mut variant = self;
         let query_tiles =
             |rows: usize| -> usize { (0..problem.batch()).map(|b| problem.sequence(b).q_len.div_ceil(rows)).sum() };
-        let small = 2 * query_tiles(self.block_m()) * problem.num_heads <= multiprocessors;
+        let pairs = |rows: usize| query_tiles(rows) * problem.num_heads;
+        let small = 2 * pairs(self.block_m()) <= multiprocessors;
         let tall_tiles_pay = !small
             && self.head_dim_pad <= 80
             && self.head_dim_v_pad <= 72
-            && query_tiles(192) * problem.num_heads >= multiprocessors
+            && (pairs(192) >= multiprocessors || pairs(128) > multiprocessors)
             && 100 * padded_scores(problem, 192, self.block_n) <= 113 * padded_scores(problem, 128, self.block_n);
         match tuning.block_m {
             Some(64) => variant = variant.with_one_warpgroup(),
@@ -853,10 +858,12 @@ mod tests {
         };
         // 17296 rows: 91 tiles of 192 per head (1456 with 16 heads), 0.4% more padding.
         assert_eq!(tiles(&[17296], 72), (192, 128));
-        // 16 × 1024: 12.5% more rows; 64 × 256: 50% more; 1200 rows: 112 tiles of 192.
+        // 16 × 1024: 12.5% more rows; 64 × 256: 50% more. 1200 rows: 112 tiles of 192, one
+        // wave where the 160 of 128 rows take two; 720 rows: 96 tiles of 128, one wave already.
         assert_eq!(tiles(&[1024; 16], 72), (192, 128));
         assert_eq!(tiles(&[256; 64], 72), (128, 128));
-        assert_eq!(tiles(&[1200], 72), (128, 128));
+        assert_eq!(tiles(&[1200], 72), (192, 128));
+        assert_eq!(tiles(&[720], 72), (128, 192));
         // The mixed batch of nine images (58 tiles of 192 rows per head): head_dim 64 and 72
         // take 192 rows, 80 does not (its accumulators would spill).
         let mixed = [720, 1200, 276, 3844, 64, 1, 2116, 1012, 600];
@@ -890,9 +897,9 @@ mod tests {
         // The mixed batch's 9833 tokens as nine of 1092-1093: 192 rows, as its own lengths take.
         assert_eq!(on_device(9833, 9, 72), (192, 128));
         // tests/gpu.rs's device-cu_seqlens batches: 2861 tokens as 7 sequences, 5994 as 2000,
-        // one sequence of 1536 (too few 192-row tiles to fill the GPU; 192 keys pad none).
+        // one sequence of 768 (its 96 tiles of 128 rows fit one wave; 192 keys pad none).
         assert_eq!((on_device(2861, 7, 72), on_device(5994, 2000, 72)), ((192, 128), (128, 128)));
-        assert_eq!(on_device(1536, 1, 72), (128, 192));
+        assert_eq!(on_device(768, 1, 72), (128, 192));
     }
 
     #[test]
@@ -977,7 +984,7 @@ mod tests {
         // tiles count too (the division needs only the tile counts), whatever the keys.
         let cycle = |lengths: &[i32], n| -> Vec<i32> { lengths.iter().copied().cycle().take(n).collect() };
         assert_eq!(plan(&cycle(&[200, 256, 250, 129], 80), &cycle(&[7, 300, 129, 64, 1], 80), 2), (128, 2));
-        assert_eq!(tiles_per_sequence(&[130; 64], 2), (128, 2));
+        assert_eq!(tiles_per_sequence(&[250; 64], 2), (128, 2));
         assert_eq!(tiles_per_sequence(&[40; 3], 2), (64, 1));
         assert_eq!(tiles_per_sequence(&[190; 66], 2), (192, 1));
         // One sequence, different counts, or an empty sequence among them: the search.
@@ -1071,11 +1078,11 @@ mod tests {
 
     #[test]
     fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_split_only_a_last_wave() {
-        // 64-row tiles for shapes 11-14 and 20, 192-row ones for the long head_dim-72 shapes
-        // with a wave of them (2-8, 16-19); no shape smaller than one wave is split; the pairs
-        // of a partly filled last wave are, where that spares enough (shape 1: 160 pairs, 28
-        // past the first wave, 4 splits of its 10 key tiles; shape 2: 192 pairs of 192 rows, 60
-        // past the first wave, 2 splits of its 17 key tiles).
+        // 64-row tiles for shapes 11-14 and 20, 192-row ones for the head_dim-72 shapes with a
+        // wave of them (2-8, 16-19) or whose 128-row tiles would take two (1: 112 tiles of 192
+        // rows against 160 of 128); no shape smaller than one wave is split; the pairs of a
+        // partly filled last wave are, where that spares enough (shape 2: 192 pairs of 192
+        // rows, 60 past the first wave, 2 splits of its 17 key tiles).
         for shape in crate::internal::workloads::SEED_SHAPES {
             let cu = shape.cu_seqlens();
             let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
@@ -1083,7 +1090,7 @@ mod tests {
             let plan = plan_on(Target::Wgmma, &problem);
             let block_m = match shape.index {
                 11..=14 | 20 => 64,
-                2..=8 | 16..=19 => 192,
+                1..=8 | 16..=19 => 192,
                 _ => 128,
             };
             let pairs = plan.tiles * plan.heads;
@@ -1101,7 +1108,7 @@ mod tests {
             // A persistent grid: at most a block per multiprocessor.
             assert_eq!(plan.grid().0 as usize, plan.units().min(132));
             match shape.index {
-                1 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (28, 4, 244)),
+                1 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (0, 1, 112)),
                 2 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (60, 2, 252)),
                 _ => {}
             }
@@ -1110,20 +1117,29 @@ mod tests {
 
     #[test]
     fn a_batchs_last_wave_splits_across_sequences() {
-        // tests/gpu.rs's batch: 10 + 6 + 3 + 1 tiles × 8 heads = 160 pairs of 128 rows (too few
-        // 192-row tiles for a wave: 14 × 8), 28 past the first wave (heads 6 and 7, the tiles of
-        // all four sequences among them): four splits of the longest sequence's 10 key tiles.
+        // tests/gpu.rs's batch: 10 + 6 + 3 + 1 tiles × 8 heads = 160 pairs of 128 rows (head_dim
+        // 80 takes no 192-row tiles), 28 past the first wave (heads 6 and 7, the tiles of all
+        // four sequences among them): four splits of the longest sequence's 10 key tiles.
         let lengths = [0, 1200, 1900, 2200, 2201];
         let problem =
-            Problem::new([2201, 8, 72], [2201, 2, 72], [2201, 2, 72], &lengths, &lengths, &Params::default()).unwrap();
+            Problem::new([2201, 8, 80], [2201, 2, 80], [2201, 2, 80], &lengths, &lengths, &Params::default()).unwrap();
         let plan = plan_on(Target::Wgmma, &problem);
         assert_eq!(plan.variant.block_m(), 128);
         assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.units()), (20, 28, 4, 160 + 3 * 28));
         let params = plan.params(None, Some(1 << 20), None);
         assert_eq!((params.tiles, params.whole_pairs, params.splits), (20, 132, 4));
-        assert_eq!(plan.workspace_bytes(), 4 * 28 * 4 * 128 * (72 + 1));
-        // 128 rows × 72 columns of each of the 28 pairs, a thread each.
-        assert_eq!(plan.merge_grid(), ((36, 28, 1), 256));
+        assert_eq!(plan.workspace_bytes(), 4 * 28 * 4 * 128 * (80 + 1));
+        // 128 rows × 80 columns of each of the 28 pairs, a thread each.
+        assert_eq!(plan.merge_grid(), ((40, 28, 1), 256));
+        // Its head_dim-72 twin with the first sequence twice as long: 13 + 4 + 2 + 1 tiles of
+        // 192 rows, the same 160 pairs, 28 split four ways (of the first sequence's 19 key tiles).
+        let twin_lengths = [0, 2400, 3100, 3400, 3401];
+        let shape = |heads| [3401, heads, 72];
+        let twin =
+            Problem::new(shape(8), shape(2), shape(2), &twin_lengths, &twin_lengths, &Params::default()).unwrap();
+        let tall = plan_on(Target::Wgmma, &twin);
+        assert_eq!(tall.variant.block_m(), 192);
+        assert_eq!((tall.tiles, tall.split_pairs, tall.splits, tall.units()), (20, 28, 4, 160 + 3 * 28));
         // The switch that turns splits off runs every pair whole.
         let whole = Plan::new(
             &problem,
