@@ -76,12 +76,14 @@ fn main() {
     }
     println!("| # | H | D | L | call ms | back-to-back ms | TFLOP/s | % of limit | host call ms | max error |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    let seed_shapes = if custom_shapes().is_empty() || std::env::args().skip(1).any(|a| !a.starts_with('-')) {
+    // Custom shapes alone, unless seed shapes are named too.
+    let custom = custom_shapes();
+    let seed_shapes = if custom.is_empty() || std::env::args().skip(1).any(|a| !a.starts_with('-')) {
         selection().into_iter().map(|i| SEED_SHAPES[i]).collect()
     } else {
         Vec::new()
     };
-    for shape in seed_shapes.into_iter().chain(custom_shapes()) {
+    for shape in seed_shapes.into_iter().chain(custom) {
         let index = shape.index;
         let [q, k, v] = shape.random_inputs::<bf16>(index as u64);
         let cu = shape.cu_seqlens();
