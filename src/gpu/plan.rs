@@ -203,7 +203,8 @@ impl Variant {
     /// 192-row tiles replaces two of 128 (16 heads × 1100-1536 tokens, 4 × 5000-6000, 8 ×
     /// 2800, 16 × 2 × 700: their second wave was a key split and its merge; 4 × 4300, with 136
     /// tiles of 128 rows, evens). Slower where 128-row tiles fit one wave (4 heads × 4100
-    /// tokens, 132 tiles: 28%; 16 × 720: 17%), with rows half padding (64 × 256: 23%), and on
+    /// tokens, 132 tiles: 28% on the H200, 19% on an H100; 16 × 720: 17%), with rows half
+    /// padding (64 × 256: 23%), and on
     /// wider heads, whose accumulators spill from the 160 registers a computing thread then
     /// gets. Other heads up to 96 wide
     /// take 192-key tiles where they pad the keys by at most 2% more than 128-key ones: per
