@@ -12,6 +12,11 @@ const MAX_SHARED_BYTES: usize = 227 * 1024;
 /// Threads of a merge block (`VA_MERGE_THREADS`).
 const MERGE_THREADS: usize = 256;
 
+/// What a unit of work costs besides its key tiles (its Q, its first product, its write), in
+/// key tiles: a guess for the split count's model with more than one round
+/// (`VARLEN_ATTN_GPU_SPLIT_ROUNDS`), to be measured.
+const UNIT_COST_TILES: usize = 2;
+
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
 
@@ -473,6 +478,21 @@ impl Plan {
             (slots / last_wave).min(key_tiles / 2).clamp(1, max_splits)
         } else {
             1
+        };
+        // More rounds (`VARLEN_ATTN_GPU_SPLIT_ROUNDS`): the count whose busiest block has the
+        // least to do, counted as its split units' rounds times each one's key tiles and fixed
+        // cost, where that spares at least 5% of that block's whole work (shape 3: 72 pairs of
+        // 31 key tiles past two full waves; three splits take its busiest block from 2 × 33 +
+        // 33 to 2 × 33 + 2 × 13).
+        let rounds = tuning.split_rounds.unwrap_or(1);
+        let busiest = |s: usize| (last_wave * s).div_ceil(slots) * (key_tiles.div_ceil(s) + UNIT_COST_TILES);
+        let whole_rounds = pairs / slots * (key_tiles + UNIT_COST_TILES);
+        let splits = match (1..=(key_tiles / 2).min(max_splits))
+            .filter(|&s| rounds > 1 && last_wave > 0 && (last_wave * s).div_ceil(slots) <= rounds)
+            .min_by_key(|&s| (busiest(s), s))
+        {
+            Some(s) if 100 * (whole_rounds + busiest(s)) <= 95 * (whole_rounds + busiest(splits)) => s,
+            _ => splits,
         };
         let spared_scores = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n * variant.block_m();
         let splits = if spared_scores >= MIN_SPARED_SCORES { splits } else { 1 };
@@ -1113,6 +1133,37 @@ mod tests {
                 2 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (60, 2, 252)),
                 _ => {}
             }
+        }
+    }
+
+    #[test]
+    fn more_split_rounds_change_only_the_last_waves_they_shorten() {
+        // With VARLEN_ATTN_GPU_SPLIT_ROUNDS=2, shape 3 (336 pairs of 192 rows, 72 past two full
+        // waves, 31 key tiles each) splits its last 72 pairs three ways: 216 units in two
+        // rounds, its busiest block 2 × (11 + 2) against 31 + 2. Every other seed shape keeps
+        // its one-round choice (2: 60 pairs × 2; 16: 40 × 3), and so do the batches.
+        let rounds = Tuning { split_rounds: Some(2), ..Tuning::default() };
+        let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
+        for shape in crate::internal::workloads::SEED_SHAPES {
+            let cu = shape.cu_seqlens();
+            let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
+            let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
+            let one = plan_on(Target::Wgmma, &problem);
+            let two = Plan::new(&problem, false, hopper, &rounds, Operands::default());
+            let splits = |p: &Plan| (p.split_pairs, p.splits, p.units());
+            match shape.index {
+                3 => assert_eq!((splits(&one), splits(&two)), ((0, 1, 336), (72, 3, 264 + 216))),
+                _ => assert_eq!(splits(&one), splits(&two), "shape {}", shape.index),
+            }
+        }
+        let mixed = [720, 1200, 276, 3844, 64, 1, 2116, 1012, 600];
+        for lengths in [&[256; 64][..], &[1024; 16], &mixed] {
+            let cu = cu_seqlens(lengths);
+            let dims = [*cu.last().unwrap() as usize, 16, 72];
+            let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
+            let one = plan_on(Target::Wgmma, &problem);
+            let two = Plan::new(&problem, false, hopper, &rounds, Operands::default());
+            assert_eq!((one.split_pairs, one.splits), (two.split_pairs, two.splits), "{} sequences", lengths.len());
         }
     }
 
