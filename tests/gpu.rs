@@ -65,8 +65,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(12), ..ProptestConfig::default() })]
 
     /// Long sequences of one or two heads: the keys are split across blocks where that pays
-    /// (most single-head cases; see the plan's tests), and a second kernel merges the splits
-    /// (with windows and causal masks some splits see no key).
+    /// (most single-head cases; see the plan's tests), and the last split block of each row
+    /// group combines them (with windows and causal masks some splits see no key).
     #[test]
     fn key_split_problems_on_the_gpu_match_the_oracle(c in long_case()) {
         if device().is_some() {
@@ -80,8 +80,8 @@ fn seed_shapes_on_the_gpu_match_the_oracle() {
     if device().is_none() {
         return;
     }
-    // Shape 2 splits its last wave's keys on the H200 (the plan's tests); shape 3 does where
-    // the split units may take two rounds of blocks (VARLEN_ATTN_GPU_SPLIT_ROUNDS=2).
+    // Shape 2 splits its last wave's keys on the H200 (the plan's tests); shape 3 runs three
+    // waves of 192-row tiles, the last one partly filled.
     for index in [0, 1, 2, 3, 11, 14, 20] {
         let shape = SEED_SHAPES[index];
         let [q, k, v] = shape.random_inputs::<bf16>(index as u64);
@@ -210,7 +210,7 @@ proptest! {
     }
 }
 
-/// Huge scales on long sequences, which the GPU splits across blocks: the split merge sees
+/// Huge scales on long sequences, which the GPU splits across blocks: the splits' combination sees
 /// LSEs of 1e30 and more.
 #[test]
 fn huge_scales_with_key_splits_on_the_gpu() {

@@ -77,6 +77,7 @@ pub(crate) struct CudaDevice {
     kernels: KernelCache<Kernels>,
     /// The workspace, kept between calls.
     workspace: Workspace<CudaSlice<u8>>,
+    split_counters: Workspace<CudaSlice<u8>>,
     status: StatusFlag<CudaSlice<u8>>,
 }
 
@@ -136,6 +137,7 @@ impl CudaDevice {
             multiprocessors,
             kernels: KernelCache::new(),
             workspace: Workspace::new(),
+            split_counters: Workspace::new(),
             status: StatusFlag::new(),
         })
     }
@@ -254,6 +256,10 @@ impl Runtime for CudaDevice {
 
     fn workspace(&self) -> &Workspace<CudaSlice<u8>> {
         &self.workspace
+    }
+
+    fn split_counters(&self) -> &Workspace<CudaSlice<u8>> {
+        &self.split_counters
     }
 
     fn status(&self) -> &StatusFlag<CudaSlice<u8>> {

@@ -253,6 +253,7 @@ pub(crate) struct HipDevice {
     kernels: KernelCache<Kernels>,
     /// The workspace, kept between calls.
     workspace: Workspace<HipBuffer>,
+    split_counters: Workspace<HipBuffer>,
     status: StatusFlag<HipBuffer>,
 }
 
@@ -299,6 +300,7 @@ impl HipDevice {
             multiprocessors: multiprocessors.max(1) as usize,
             kernels: KernelCache::new(),
             workspace: Workspace::new(),
+            split_counters: Workspace::new(),
             status: StatusFlag::new(),
         })
     }
@@ -465,6 +467,10 @@ impl Runtime for HipDevice {
 
     fn workspace(&self) -> &Workspace<HipBuffer> {
         &self.workspace
+    }
+
+    fn split_counters(&self) -> &Workspace<HipBuffer> {
+        &self.split_counters
     }
 
     fn status(&self) -> &StatusFlag<HipBuffer> {

@@ -12,18 +12,15 @@ const MAX_SHARED_BYTES: usize = 227 * 1024;
 /// Threads of a merge block (`VA_MERGE_THREADS`).
 const MERGE_THREADS: usize = 256;
 
-/// What a unit of work costs besides its key tiles (its Q, its first product, its write), in
-/// key tiles: a guess for the split count's model with more than one round
-/// (`VARLEN_ATTN_GPU_SPLIT_ROUNDS`), to be measured.
-const UNIT_COST_TILES: usize = 2;
-
 /// Most key splits of one query tile.
 const MAX_SPLITS: usize = 16;
 
 /// Scores (query rows × keys) a split must spare each split block before splitting pays for its
-/// partial outputs and the merge kernel: 1024 keys of a 64-row tile, 512 of a 128-row one
-/// (measured on the H200 with 64-row tiles: sparing 256 keys took shape 12 from 10.4 to 13.6
-/// µs, sparing 512 took shape 13 from 13.4 to 17.6).
+/// partial outputs and their combination: 1024 keys of a 64-row tile, 512 of a 128-row one
+/// (measured on the H200 with 64-row tiles and the merge kernel: sparing 256 keys took shape 12
+/// from 10.4 to 13.6 µs, sparing 512 took shape 13 from 13.4 to 17.6; on an H100 with the
+/// splits combined in the attention kernel, a quarter of this still made both slower, by 11%
+/// and 5%).
 const MIN_SPARED_SCORES: usize = 64 * 1024;
 
 /// The most keys of any sequence among the last `split_pairs` (query tile, head) pairs, which
@@ -322,6 +319,7 @@ pub(crate) struct KernelParams {
     pub lse: u64,
     pub partial_out: u64,
     pub partial_lse: u64,
+    pub split_counters: u64,
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
     pub tile_start: u64,
@@ -410,6 +408,9 @@ pub(crate) struct Plan {
     split_pairs: usize,
     /// Key splits of each split pair (1: none).
     pub splits: usize,
+    /// Whether the last split block of each row group combines the splits (NVIDIA), not the
+    /// merge kernel after the attention kernel (AMD, or `VARLEN_ATTN_GPU_MERGE=kernel`).
+    merges_in_kernel: bool,
     /// The query tiles of each sequence where two or more all have as many (at least one),
     /// else 0 (`va_tile_sequence` then searches).
     tiles_per_sequence: usize,
@@ -479,21 +480,6 @@ impl Plan {
         } else {
             1
         };
-        // More rounds (`VARLEN_ATTN_GPU_SPLIT_ROUNDS`): the count whose busiest block has the
-        // least to do, counted as its split units' rounds times each one's key tiles and fixed
-        // cost, where that spares at least 5% of that block's whole work (shape 3: 72 pairs of
-        // 31 key tiles past two full waves; three splits take its busiest block from 2 × 33 +
-        // 33 to 2 × 33 + 2 × 13).
-        let rounds = tuning.split_rounds.unwrap_or(1);
-        let busiest = |s: usize| (last_wave * s).div_ceil(slots) * (key_tiles.div_ceil(s) + UNIT_COST_TILES);
-        let whole_rounds = pairs / slots * (key_tiles + UNIT_COST_TILES);
-        let splits = match (1..=(key_tiles / 2).min(max_splits))
-            .filter(|&s| rounds > 1 && last_wave > 0 && (last_wave * s).div_ceil(slots) <= rounds)
-            .min_by_key(|&s| (busiest(s), s))
-        {
-            Some(s) if 100 * (whole_rounds + busiest(s)) <= 95 * (whole_rounds + busiest(splits)) => s,
-            _ => splits,
-        };
         let spared_scores = (key_tiles - key_tiles.div_ceil(splits)) * variant.block_n * variant.block_m();
         let splits = if spared_scores >= MIN_SPARED_SCORES { splits } else { 1 };
         let split_pairs = if splits > 1 { last_wave } else { 0 };
@@ -513,6 +499,7 @@ impl Plan {
             tiles,
             split_pairs,
             splits,
+            merges_in_kernel: target != Target::Mfma && !tuning.merge_kernel,
             tiles_per_sequence,
             persistent_blocks,
             operands,
@@ -602,10 +589,34 @@ impl Plan {
         }
     }
 
+    /// Bytes of the split counters (`va_last_split`): an `i32` per split pair's 16-row group
+    /// where the kernel combines the splits itself, else 0. They must be zero before the
+    /// launch, and the kernel leaves them so.
+    pub fn split_counter_bytes(&self) -> usize {
+        if self.splits > 1 && self.merges_in_kernel {
+            4 * self.split_pairs * self.variant.block_m() / 16
+        } else {
+            0
+        }
+    }
+
+    /// Whether the merge kernel runs after the attention kernel (key splits that the
+    /// attention kernel does not combine itself).
+    pub fn launches_merge(&self) -> bool {
+        self.splits > 1 && !self.merges_in_kernel
+    }
+
     /// The kernel's parameter block, given the device addresses of the copied metadata (when
     /// [`Plan::metadata_to_copy`] gave some), of the workspace (when [`Plan::workspace_bytes`]
-    /// is not 0) and, with cu_seqlens on the device, of the device's status flag.
-    pub fn params(&self, metadata: Option<u64>, workspace: Option<u64>, status: Option<u64>) -> KernelParams {
+    /// is not 0), of the split counters (when [`Plan::split_counter_bytes`] is not 0) and,
+    /// with cu_seqlens on the device, of the device's status flag.
+    pub fn params(
+        &self,
+        metadata: Option<u64>,
+        workspace: Option<u64>,
+        split_counters: Option<u64>,
+        status: Option<u64>,
+    ) -> KernelParams {
         let o = &self.operands;
         let entries = self.batch as u64 + 1;
         let ((partial_out, partial_lse), (cu_seqlens_q, cu_seqlens_k, tile_start), status) = match self.schedule {
@@ -633,6 +644,7 @@ impl Plan {
             lse: o.lse,
             partial_out,
             partial_lse,
+            split_counters: split_counters.unwrap_or(0),
             cu_seqlens_q,
             cu_seqlens_k,
             tile_start,
@@ -720,23 +732,23 @@ mod tests {
 
     #[test]
     fn params_match_the_kernel_struct_layout() {
-        // 11 pointers, 8 strides, 17 four-byte fields and the 195-entry array (no padding: 1000
+        // 12 pointers, 8 strides, 17 four-byte fields and the 195-entry array (no padding: 1008
         // bytes are a multiple of the 8-byte alignment), as C++ lays out VaParams; the kernel
         // checks its own size against this one (`VA_PARAMS_BYTES`).
-        assert_eq!(core::mem::size_of::<KernelParams>(), 88 + 64 + 4 * (17 + INLINE_METADATA));
+        assert_eq!(core::mem::size_of::<KernelParams>(), 96 + 64 + 4 * (17 + INLINE_METADATA));
         let variant = Variant::new(72, 72, false, Target::Wgmma);
-        assert!(variant.defines().contains(&format!("-DVA_PARAMS_BYTES={}", 88 + 64 + 4 * (17 + INLINE_METADATA))));
+        assert!(variant.defines().contains(&format!("-DVA_PARAMS_BYTES={}", 96 + 64 + 4 * (17 + INLINE_METADATA))));
         assert_eq!(core::mem::align_of::<KernelParams>(), 8);
     }
 
     #[test]
     fn windows_wider_than_every_distance_are_clamped() {
         let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
-        let plain = with(&Params::default()).params(None, None, None);
+        let plain = with(&Params::default()).params(None, None, None, None);
         assert_eq!((plain.window_left, plain.window_right), (-1, -1));
         // 100 queries + 100 keys: no distance reaches 200.
         let huge = with(&Params { window_left: Some(usize::MAX), window_right: Some(7), ..Params::default() })
-            .params(None, None, None);
+            .params(None, None, None, None);
         assert_eq!((huge.window_left, huge.window_right), (200, 7));
     }
 
@@ -808,7 +820,7 @@ mod tests {
             Problem::new([130, 1, 72], [130, 1, 72], [130, 1, 72], &cu_small, &cu_small, &Params::default()).unwrap();
         let plan = plan_on(Target::Mma, &problem);
         assert_eq!(plan.metadata_to_copy(), None);
-        let params = plan.params(None, None, None);
+        let params = plan.params(None, None, None, None);
         assert_eq!(params.inline_metadata, 1);
         assert_eq!(params.metadata[..12], [0, 64, 64, 130, 0, 64, 64, 130, 0, 1, 1, 2]);
 
@@ -819,7 +831,7 @@ mod tests {
         let plan = plan_on(Target::Mma, &problem);
         let copied = plan.metadata_to_copy().expect("too large to inline");
         assert_eq!((&copied[..101], &copied[101..202], &copied[202..]), (&cu_q[..], &cu_k[..], &cu_q[..]));
-        let params = plan.params(Some(4096), None, None);
+        let params = plan.params(Some(4096), None, None, None);
         assert_eq!(params.inline_metadata, 0);
         assert_eq!((params.cu_seqlens_q, params.cu_seqlens_k, params.tile_start), (4096, 4096 + 404, 4096 + 808));
         assert_eq!((params.partial_out, params.partial_lse), (0, 0));
@@ -852,7 +864,7 @@ mod tests {
         };
         let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
         let plan = Plan::new(&problem, false, gpu, &Tuning::default(), operands);
-        let p = plan.params(None, None, None);
+        let p = plan.params(None, None, None, None);
         assert_eq!((p.q, p.k, p.v, p.out, p.lse), (1 << 20, 2 << 20, 3 << 20, 4 << 20, 5 << 20));
         assert_eq!((p.q_token_stride, p.k_token_stride, p.v_token_stride, p.out_token_stride), (288, 152, 128, 256));
         assert_eq!((p.q_head_stride, p.k_head_stride, p.v_head_stride, p.out_head_stride), (72, 72, 64, 64));
@@ -978,13 +990,13 @@ mod tests {
         assert_eq!((plan.splits, plan.tiles), (1, 2861usize.div_ceil(plan.variant.block_m()) + 7));
         // tile_start (8 entries), then the grid's tile table.
         assert_eq!(plan.workspace_bytes(), 4 * (8 + plan.tiles));
-        let p = plan.params(None, Some(0x3000), Some(0x4000));
+        let p = plan.params(None, Some(0x3000), None, Some(0x4000));
         assert_eq!((p.cu_seqlens_q, p.cu_seqlens_k, p.tile_start, p.status), (0x1000, 0x2000, 0x3000, 0x4000));
         assert_eq!((p.batch, p.total_q, p.total_k, p.inline_metadata), (7, 2861, 2861, 0));
         // The lengths are unknown here: no division (`va_plan_tiles` writes the tiles' table).
         assert_eq!(p.tiles_per_sequence, 0);
         // Calls planned on the host leave the flag null: the kernel's device-schedule test.
-        assert_eq!(plan_on(Target::Wgmma, &problem).params(None, None, None).status, 0);
+        assert_eq!(plan_on(Target::Wgmma, &problem).params(None, None, None, None).status, 0);
     }
 
     #[test]
@@ -995,7 +1007,7 @@ mod tests {
             let k_shape = [*cu_k.last().unwrap() as usize, 1, 72];
             let problem = Problem::new(q_shape, k_shape, k_shape, &cu_q, &cu_k, &Params::default()).unwrap();
             let plan = plan_on(Target::Wgmma, &problem);
-            (plan.variant.block_m(), plan.params(None, None, None).tiles_per_sequence)
+            (plan.variant.block_m(), plan.params(None, None, None, None).tiles_per_sequence)
         };
         let tiles_per_sequence = |lengths: &[i32], heads| plan(lengths, lengths, heads);
         // 64 images of 256 tokens: two 128-row tiles each; 16 of 1,024: six of 192 rows.
@@ -1035,10 +1047,30 @@ mod tests {
         let rows = 32 * plan.splits * 128;
         assert!(plan.splits > 1);
         assert_eq!(plan.workspace_bytes(), 4 * rows * (80 + 1));
-        let params = plan.params(None, Some(1 << 20), None);
+        let params = plan.params(None, Some(1 << 20), None, None);
         assert_eq!((params.partial_out, params.partial_lse), (1 << 20, (1 << 20) + 4 * rows as u64 * 80));
         assert_eq!(params.cu_seqlens_q, 0);
         assert_eq!(plan_one(Target::Mma, 16384, 16).workspace_bytes(), 0);
+    }
+
+    #[test]
+    fn nvidia_combines_the_splits_in_the_kernel_and_amd_in_a_second_one() {
+        // A counter per split pair's 16-row group, and no merge kernel; none without splits.
+        let plan = plan_one(Target::Mma, 4096, 1);
+        assert_eq!((plan.split_counter_bytes(), plan.launches_merge()), (4 * 32 * 128 / 16, false));
+        let params = plan.params(None, Some(1 << 20), Some(2 << 20), None);
+        assert_eq!(params.split_counters, 2 << 20);
+        let whole = plan_one(Target::Mma, 16384, 16);
+        assert_eq!((whole.split_counter_bytes(), whole.launches_merge()), (0, false));
+        let amd = plan_one(Target::Mfma, 4096, 1);
+        assert!(amd.splits > 1 && amd.launches_merge() && amd.split_counter_bytes() == 0);
+        let problem =
+            Problem::new([4096, 1, 72], [4096, 1, 72], [4096, 1, 72], &[0, 4096], &[0, 4096], &Params::default())
+                .unwrap();
+        let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
+        let switched =
+            Plan::new(&problem, false, gpu, &Tuning { merge_kernel: true, ..Tuning::default() }, Operands::default());
+        assert!(switched.splits > 1 && switched.launches_merge() && switched.split_counter_bytes() == 0);
     }
 
     #[test]
@@ -1123,7 +1155,7 @@ mod tests {
                 assert_eq!(plan.split_pairs, pairs % 132, "shape {}", shape.index);
                 assert!(plan.split_pairs * plan.splits <= 132, "shape {}: one wave", shape.index);
             }
-            let params = plan.params(None, None, None);
+            let params = plan.params(None, None, None, None);
             assert_eq!(params.whole_pairs as usize, pairs - plan.split_pairs);
             assert_eq!(plan.units(), pairs + plan.split_pairs * (plan.splits - 1));
             // A persistent grid: at most a block per multiprocessor.
@@ -1133,37 +1165,6 @@ mod tests {
                 2 => assert_eq!((plan.split_pairs, plan.splits, plan.units()), (60, 2, 252)),
                 _ => {}
             }
-        }
-    }
-
-    #[test]
-    fn more_split_rounds_change_only_the_last_waves_they_shorten() {
-        // With VARLEN_ATTN_GPU_SPLIT_ROUNDS=2, shape 3 (336 pairs of 192 rows, 72 past two full
-        // waves, 31 key tiles each) splits its last 72 pairs three ways: 216 units in two
-        // rounds, its busiest block 2 × (11 + 2) against 31 + 2. Every other seed shape keeps
-        // its one-round choice (2: 60 pairs × 2; 16: 40 × 3), and so do the batches.
-        let rounds = Tuning { split_rounds: Some(2), ..Tuning::default() };
-        let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
-        for shape in crate::internal::workloads::SEED_SHAPES {
-            let cu = shape.cu_seqlens();
-            let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
-            let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
-            let one = plan_on(Target::Wgmma, &problem);
-            let two = Plan::new(&problem, false, hopper, &rounds, Operands::default());
-            let splits = |p: &Plan| (p.split_pairs, p.splits, p.units());
-            match shape.index {
-                3 => assert_eq!((splits(&one), splits(&two)), ((0, 1, 336), (72, 3, 264 + 216))),
-                _ => assert_eq!(splits(&one), splits(&two), "shape {}", shape.index),
-            }
-        }
-        let mixed = [720, 1200, 276, 3844, 64, 1, 2116, 1012, 600];
-        for lengths in [&[256; 64][..], &[1024; 16], &mixed] {
-            let cu = cu_seqlens(lengths);
-            let dims = [*cu.last().unwrap() as usize, 16, 72];
-            let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
-            let one = plan_on(Target::Wgmma, &problem);
-            let two = Plan::new(&problem, false, hopper, &rounds, Operands::default());
-            assert_eq!((one.split_pairs, one.splits), (two.split_pairs, two.splits), "{} sequences", lengths.len());
         }
     }
 
@@ -1178,7 +1179,7 @@ mod tests {
         let plan = plan_on(Target::Wgmma, &problem);
         assert_eq!(plan.variant.block_m(), 128);
         assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.units()), (20, 28, 4, 160 + 3 * 28));
-        let params = plan.params(None, Some(1 << 20), None);
+        let params = plan.params(None, Some(1 << 20), None, None);
         assert_eq!((params.tiles, params.whole_pairs, params.splits), (20, 132, 4));
         assert_eq!(plan.workspace_bytes(), 4 * 28 * 4 * 128 * (80 + 1));
         // 128 rows × 80 columns of each of the 28 pairs, a thread each.

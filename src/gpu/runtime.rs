@@ -66,6 +66,9 @@ pub(crate) trait Runtime {
     fn kernels(&self, variant: Variant) -> Result<Arc<Self::Kernels>, Error>;
     /// The workspace (key splits' partial results, or `tile_start`), kept between calls.
     fn workspace(&self) -> &Workspace<Self::Buffer>;
+    /// The split counters (`Plan::split_counter_bytes`), zero when allocated and left zero by
+    /// every launch, kept between calls.
+    fn split_counters(&self) -> &Workspace<Self::Buffer>;
     /// The flag that `va_plan_tiles` raises for cu_seqlens on the device that break a rule.
     fn status(&self) -> &StatusFlag<Self::Buffer>;
     /// Hopper's tensor maps of K and V, or `None` where the runtime has none (the kernel then
@@ -91,7 +94,8 @@ pub(crate) trait Runtime {
 }
 
 /// Queues `plan` on `runtime`: its metadata copied over (unless it travels in the parameter
-/// block), the workspace grown if the keys are split, the attention kernel, then the merge.
+/// block), the workspace (and the split counters) grown if the keys are split, the attention
+/// kernel, then the merge where the attention kernel does not combine the splits itself.
 ///
 /// # Safety
 /// The plan's operand addresses must be live allocations of `runtime` of the sizes its shapes
@@ -104,9 +108,12 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
     let metadata = plan.metadata_to_copy().map(|m| runtime.upload(bytemuck::cast_slice(m))).transpose()?;
     let status = if plan.plans_on_the_device() { Some(status_address(runtime)?) } else { None };
     let workspace = runtime.workspace().at_least(plan.workspace_bytes(), |bytes| runtime.alloc(bytes))?;
+    let counters =
+        runtime.split_counters().at_least(plan.split_counter_bytes(), |bytes| runtime.upload(&vec![0; bytes]))?;
     let params = plan.params(
         metadata.as_ref().map(|m| runtime.address(m)),
         workspace.buffer().map(|w| runtime.address(w)),
+        counters.buffer().map(|c| runtime.address(c)),
         status,
     );
     let variant = plan.variant;
@@ -127,7 +134,7 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
     // SAFETY: the caller's guarantee for the operands; the metadata and the workspace are
     // allocations of this runtime sized by the plan, freed stream-ordered after the kernels.
     unsafe { runtime.launch(&kernels, Entry::Attention, dims, &params, maps.as_ref().map(|(m, tma)| (m, *tma)))? };
-    if plan.splits > 1 {
+    if plan.launches_merge() {
         let (grid, threads) = plan.merge_grid();
         let dims = Dims { grid, threads, shared_bytes: 0 };
         // SAFETY: as above; the merge reads the workspace the attention kernel wrote.

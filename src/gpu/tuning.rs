@@ -10,7 +10,7 @@
 //! | `VARLEN_ATTN_GPU_BLOCK_M=192`, `=128` or `=64` | Hopper uses query tiles of that many rows (three, two or one computing warpgroups) whatever the problem |
 //! | `VARLEN_ATTN_GPU_BLOCK_N=192`, `=128` or `=64` | Hopper uses key tiles of that many keys (heads up to 128 wide) |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
-//! | `VARLEN_ATTN_GPU_SPLIT_ROUNDS=n` | a partly filled last wave's key splits may take up to `n` rounds of blocks, not one (their count then from a cost model; not yet measured) |
+//! | `VARLEN_ATTN_GPU_MERGE=kernel` | NVIDIA combines key splits in a second kernel, as AMD does, not in the last split block of each row group |
 //! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
 
@@ -29,8 +29,8 @@ pub(crate) struct Tuning {
     /// Hopper's keys per tile, 64, 128 or 192, instead of the head width's choice.
     pub block_n: Option<usize>,
     pub max_splits: Option<usize>,
-    /// Rounds of blocks a last wave's key splits may take (one unless set).
-    pub split_rounds: Option<usize>,
+    /// Key splits are combined by the merge kernel, not in the attention kernel.
+    pub merge_kernel: bool,
     /// Hopper launches a block per unit of work instead of a persistent grid.
     pub no_persistent: bool,
     pub dump_ptx: Option<PathBuf>,
@@ -58,7 +58,7 @@ impl Tuning {
                 .and_then(|n| n.parse().ok())
                 .filter(|n| [64, 128, 192].contains(n)),
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
-            split_rounds: lookup("VARLEN_ATTN_GPU_SPLIT_ROUNDS").and_then(|n| n.parse().ok()).filter(|&n| n >= 1),
+            merge_kernel: is("VARLEN_ATTN_GPU_MERGE", "kernel"),
             no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
         }
@@ -82,8 +82,8 @@ mod tests {
                     "VARLEN_ATTN_GPU_BLOCK_M" => "128",
                     "VARLEN_ATTN_GPU_BLOCK_N" => "192",
                     "VARLEN_ATTN_GPU_SPLITS" => "1",
-                    "VARLEN_ATTN_GPU_SPLIT_ROUNDS" => "2",
                     "VARLEN_ATTN_GPU_PERSISTENT" => "0",
+                    "VARLEN_ATTN_GPU_MERGE" => "kernel",
                     _ => "/tmp/ptx",
                 }
                 .to_string(),
@@ -91,12 +91,10 @@ mod tests {
         };
         let all = Tuning::from(env);
         assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128) && all.no_persistent);
-        assert!(all.one_q_buffer && all.block_n == Some(192));
+        assert!(all.one_q_buffer && all.block_n == Some(192) && all.merge_kernel);
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
-        assert_eq!(all.split_rounds, Some(2));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);
-        assert_eq!(Tuning::from(|_| Some("0".into())).split_rounds, None);
         assert_eq!(Tuning::from(|_| Some("64".into())).block_m, Some(64));
         assert_eq!(Tuning::from(|_| Some("96".into())).block_m, None);
         assert_eq!(Tuning::from(|_| Some("192".into())).block_m, Some(192));

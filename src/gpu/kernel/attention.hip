@@ -9,15 +9,16 @@
 // shared memory, double-buffered or more with asynchronous copies; scores, the online softmax
 // (base-2, scale folded in) and the output accumulate in f32 registers; O and the LSE are
 // written once. With key splits (the pairs of a last, partly filled wave of blocks, or of a
-// problem smaller than one wave), each split writes a partial result and `va_attention_merge`
-// combines them by their LSE.
+// problem smaller than one wave), each split writes a partial result, combined by their LSEs:
+// on NVIDIA by the last split block to finish each 16-row group (`va_last_split`), on AMD by
+// `va_attention_merge`, a second kernel.
 //
 // This file holds the two entry points; each concern has a header of its own:
 //   params.h      compile-time constants and the parameter block (`VaParams`, `VaTile`),
 //   mask.h        which keys a query row sees (sequence end, causal diagonal, windows),
 //   scheduling.h  the units of work: which sequence, query tile and key tiles each is,
 //   load.h        tile copies from global to shared memory (the cp.async path),
-//   combine.h     the merge of key splits by their log-sum-exps,
+//   combine.h     the merge kernel of key splits (AMD),
 // and the tensor-core code of one tile (the score product, the softmax, the P·V update) is one of
 //   tile_wgmma.h  NVIDIA Hopper (sm_90a): warpgroup MMAs reading K and V from shared memory,
 //                 a copying warpgroup and two computing ones (FlashAttention-3's structure),

@@ -1,5 +1,8 @@
-// The key splits' merge: the split (query tile, head) pairs (`va_block_work`) have each split's
-// partial output and log-sum-exp in the workspace; this kernel combines them.
+// The key splits' merge kernel: the split (query tile, head) pairs (`va_block_work`) have each
+// split's partial output and log-sum-exp in the workspace; this kernel combines them. AMD's
+// launches run it after the attention kernel (and NVIDIA's under VARLEN_ATTN_GPU_MERGE=kernel);
+// NVIDIA's attention kernel otherwise combines them itself, in the last split block to finish
+// each 16-row group (`va_last_split`, fragments.h).
 
 #pragma once
 

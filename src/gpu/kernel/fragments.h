@@ -148,43 +148,17 @@ VA_DEVICE void va_total_rows(VaRows& r) {
     r.sum[1] = b;
 }
 
-// One write of O (or of this split's partial O) and the LSE, from row totals (`va_total_rows`).
-// Stores read their registers late, when the memory pipe takes them, and the compiler reuses a
-// register as soon as the store is issued: the next write to it waits for the store (Nsight on
-// the H200, 64 images x 256: the LSE pointer, loaded into each row's address registers after
-// its nine stores, waited for them in 9% of the computing warps' stall samples). So where
-// every column of the padded width is the head's (head_dim_v 72 of 72: the usual case), both
-// rows are packed into registers of their own first, with both addresses, and then stored row
-// after row; the LSE follows both. Its logarithm is taken only where someone reads it.
+// A warp's write of its rows of O from `o` scaled per row by `scale` (bf16 or f16, rows past the
+// sequence's end left alone). Stores read their registers late, when the memory pipe takes
+// them, and the compiler reuses a register as soon as the store is issued: the next write to
+// it waits for the store (Nsight on the H200, 64 images x 256: the LSE pointer, loaded into
+// each row's address registers after its nine stores, waited for them in 9% of the computing
+// warps' stall samples). So where every column of the padded width is the head's (head_dim_v
+// 72 of 72: the usual case), both rows are packed into registers of their own first, with both
+// addresses, and then stored row after row.
 template <int NO>
-VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const float (&o)[NO][4], const VaRows& r, float factor,
-                                 int t) {
-    const bool split = tile.slot >= 0;
-    float inv[2];
-    bool inside[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        // No visible key (or only -inf scores): 0 and -inf. One division per row (an IEEE
-        // division is a dozen instructions and a slow-path call; per element they were most of
-        // the epilogue's code).
-        inv[i] = r.sum[i] != 0.0f ? 1.0f / r.sum[i] : 0.0f;
-        inside[i] = r.row[i] < tile.lq;
-    }
-    if (split) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            if (!inside[i]) continue;
-            const va_i64 partial = va_partial_row(tile, r.row[i]);
-            float* dst = p.partial_out + partial * VA_HEAD_DIM_V_PAD;
-#pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                const int col = n * 8 + 2 * t;
-                *reinterpret_cast<float2*>(dst + col) = make_float2(o[n][2 * i] * inv[i], o[n][2 * i + 1] * inv[i]);
-            }
-            if (t == 0) p.partial_lse[partial] = va_row_lse(r, i, factor);
-        }
-        return;
-    }
+VA_DEVICE void va_write_rows(const VaParams& p, const VaTile& tile, const float (&o)[NO][4], const float (&scale)[2], const VaRows& r,
+                             const bool (&inside)[2], int t) {
     va_u16* dst[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -194,7 +168,7 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
-            for (int n = 0; n < NO; ++n) packed[i][n] = va_pack2(o[n][2 * i] * inv[i], o[n][2 * i + 1] * inv[i]);
+            for (int n = 0; n < NO; ++n) packed[i][n] = va_pack2(o[n][2 * i] * scale[i], o[n][2 * i + 1] * scale[i]);
 #pragma unroll
         for (int i = 0; i < 2; ++i)
             if (inside[i])
@@ -207,7 +181,7 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
 #pragma unroll
             for (int n = 0; n < NO; ++n) {
                 const int col = n * 8 + 2 * t;
-                const float a = o[n][2 * i] * inv[i], c = o[n][2 * i + 1] * inv[i];
+                const float a = o[n][2 * i] * scale[i], c = o[n][2 * i + 1] * scale[i];
                 if (col + 1 < p.head_dim_v) {
                     *(va_u32*)(dst[i] + col) = va_pack2(a, c);
                 } else if (col < p.head_dim_v) {
@@ -216,6 +190,115 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
             }
         }
     }
+}
+
+// Whether this warp's split block is the last of its pair to have written a 16-row group's
+// partial rows (`group_row`: the group's first row in the sequence), which then combines
+// every split's (`va_combine_splits`) in place of a second kernel: the last block to finish
+// does the fix-up, as stream-K does, and no block waits for another. Each lane fences its
+// partial rows, the warp counts itself in at the group's counter, and the last to arrive
+// puts the counter back to 0 for the next launch and fences again before it reads the
+// others' rows.
+VA_DEVICE bool va_last_split(const VaParams& p, const VaTile& tile, int group_row) {
+    int* counter = p.split_counters + (tile.slot / tile.splits) * (VA_BLOCK_M / 16) + (group_row - tile.m0) / 16;
+    __threadfence();
+    __syncwarp();
+    int arrived = 0;
+    if (threadIdx.x % VA_WARP == 0) arrived = atomicAdd(counter, 1);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != tile.splits - 1) return false;
+    if (threadIdx.x % VA_WARP == 0) *counter = 0;
+    __threadfence();
+    return true;
+}
+
+// Every split's partial rows of this thread's fragment places, combined by their LSEs as the
+// merge kernel does (combine.h): `o` gets the output rows, normalized, and `lse` their
+// log-sum-exps. The loads bypass L1 (.cg): other multiprocessors wrote those rows.
+template <int NO>
+VA_DEVICE void va_combine_splits(const VaParams& p, const VaTile& tile, const VaRows& r, const bool (&inside)[2], int t,
+                                 float (&o)[NO][4], float (&lse)[2]) {
+    // Split s's partial row of sequence row `row`: first + s · VA_BLOCK_M + row.
+    const va_i64 first = (va_i64)(tile.slot - tile.split) * VA_BLOCK_M - tile.m0;
+    float top[2] = {VA_NEG_INF, VA_NEG_INF}, total[2] = {0.0f, 0.0f};
+    for (int s = 0; s < tile.splits; ++s)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            if (inside[i]) top[i] = fmaxf(top[i], __ldcg(p.partial_lse + first + s * VA_BLOCK_M + r.row[i]));
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int s = 0; s < tile.splits; ++s) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (!inside[i] || top[i] == VA_NEG_INF) continue;
+            const va_i64 row = first + s * VA_BLOCK_M + r.row[i];
+            const float w = exp2f((__ldcg(p.partial_lse + row) - top[i]) * VA_LOG2E);
+            total[i] += w;
+            const float* src = p.partial_out + row * VA_HEAD_DIM_V_PAD + 2 * t;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const float2 v = __ldcg(reinterpret_cast<const float2*>(src + n * 8));
+                o[n][2 * i] += w * v.x;
+                o[n][2 * i + 1] += w * v.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const bool seen = total[i] > 0.0f;
+        lse[i] = seen ? top[i] + logf(total[i]) : VA_NEG_INF;
+        const float inv = seen ? 1.0f / total[i] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < NO; ++n) {
+            o[n][2 * i] *= inv;
+            o[n][2 * i + 1] *= inv;
+        }
+    }
+}
+
+// One write of O (or of this split's partial O) and the LSE, from row totals (`va_total_rows`).
+// The LSE follows the rows; its logarithm is taken only where someone reads it. A split
+// block writes f32 partial rows; where the splits are combined in the kernel
+// (`p.split_counters`), the last split to write a 16-row group then writes its O and LSE.
+template <int NO>
+VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const float (&o)[NO][4], const VaRows& r, float factor,
+                                 int t) {
+    float inv[2];
+    bool inside[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        // No visible key (or only -inf scores): 0 and -inf. One division per row (an IEEE
+        // division is a dozen instructions and a slow-path call; per element they were most of
+        // the epilogue's code).
+        inv[i] = r.sum[i] != 0.0f ? 1.0f / r.sum[i] : 0.0f;
+        inside[i] = r.row[i] < tile.lq;
+    }
+    if (tile.slot >= 0) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (!inside[i]) continue;
+            const va_i64 partial = va_partial_row(tile, r.row[i]);
+            float* dst = p.partial_out + partial * VA_HEAD_DIM_V_PAD;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int col = n * 8 + 2 * t;
+                *reinterpret_cast<float2*>(dst + col) = make_float2(o[n][2 * i] * inv[i], o[n][2 * i + 1] * inv[i]);
+            }
+            if (t == 0) p.partial_lse[partial] = va_row_lse(r, i, factor);
+        }
+        if (p.split_counters == nullptr || !va_last_split(p, tile, r.row[0] - (int)(threadIdx.x % VA_WARP) / 4)) return;
+        float combined[NO][4], lse[2];
+        va_combine_splits(p, tile, r, inside, t, combined, lse);
+        const float one[2] = {1.0f, 1.0f};
+        va_write_rows(p, tile, combined, one, r, inside, t);
+        if (t == 0 && p.lse) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+                if (inside[i]) p.lse[(va_i64)tile.head * p.total_q + tile.q_start + r.row[i]] = lse[i];
+        }
+        return;
+    }
+    va_write_rows(p, tile, o, inv, r, inside, t);
     if (t == 0 && p.lse) {
 #pragma unroll
         for (int i = 0; i < 2; ++i)

@@ -78,6 +78,9 @@ struct VaParams {
     float* lse;              // [heads][total_q], or null
     float* partial_out;      // [split blocks][VA_BLOCK_M][VA_HEAD_DIM_V_PAD] with splits > 1
     float* partial_lse;      // [split blocks][VA_BLOCK_M] with splits > 1
+    // NVIDIA, with splits > 1: one counter per split pair's 16-row group, zero between launches
+    // (`va_last_split`); null where the merge kernel combines the splits (AMD, or a switch).
+    int* split_counters;
     const int* cu_seqlens_q;
     const int* cu_seqlens_k;
     // [batch + 1]: first query tile of each sequence, then their count. With cu_seqlens on
@@ -151,6 +154,7 @@ struct VaTile {
     int offset;       // lk - lq: masks align bottom-right
     int head;
     int slot;           // the split block's partial output (`VaWork::slot`), -1 for a whole pair
+    int split, splits;  // which of the pair's key splits this is, and of how many (1: whole)
     int j_begin, j_end; // key tiles [j_begin, j_end) of BLOCK_N keys
     int k_start;        // the sequence's first key token
     int kv_head;

@@ -108,6 +108,8 @@ VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, const VaWork& work) 
     tile.offset = tile.lk - tile.lq;
     tile.head = head;
     tile.slot = work.slot;
+    tile.split = work.split;
+    tile.splits = work.splits;
 
     // Keys seen by any row of this tile, then this split's share of their tiles.
     const int last_row = min(tile.m0 + VA_BLOCK_M, tile.lq) - 1;
