@@ -256,6 +256,16 @@ VA_DEVICE void va_combine_splits(const VaParams& p, const VaTile& tile, const Va
     }
 }
 
+// The LSE of this thread's rows, `lse(i)` for row i (0: g, 1: g + 8), where the caller asked
+// for it: one thread of each quad writes it.
+template <typename F>
+VA_DEVICE void va_write_lse(const VaParams& p, const VaTile& tile, const VaRows& r, const bool (&inside)[2], int t, F lse) {
+    if (t != 0 || !p.lse) return;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+        if (inside[i]) p.lse[(va_i64)tile.head * p.total_q + tile.q_start + r.row[i]] = lse(i);
+}
+
 // One write of O (or of this split's partial O) and the LSE, from row totals (`va_total_rows`).
 // The LSE follows the rows; its logarithm is taken only where someone reads it. A split
 // block writes f32 partial rows; where the splits are combined in the kernel
@@ -291,17 +301,9 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
         va_combine_splits(p, tile, r, inside, t, combined, lse);
         const float one[2] = {1.0f, 1.0f};
         va_write_rows(p, tile, combined, one, r, inside, t);
-        if (t == 0 && p.lse) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-                if (inside[i]) p.lse[(va_i64)tile.head * p.total_q + tile.q_start + r.row[i]] = lse[i];
-        }
+        va_write_lse(p, tile, r, inside, t, [&](int i) { return lse[i]; });
         return;
     }
     va_write_rows(p, tile, o, inv, r, inside, t);
-    if (t == 0 && p.lse) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-            if (inside[i]) p.lse[(va_i64)tile.head * p.total_q + tile.q_start + r.row[i]] = va_row_lse(r, i, factor);
-    }
+    va_write_lse(p, tile, r, inside, t, [&](int i) { return va_row_lse(r, i, factor); });
 }
