@@ -77,6 +77,7 @@ pub(crate) struct CudaDevice {
     kernels: KernelCache<Kernels>,
     /// The workspace, kept between calls.
     workspace: Workspace<CudaSlice<u8>>,
+    /// The key splits' counters, zeroed when allocated, kept between calls.
     split_counters: Workspace<CudaSlice<u8>>,
     status: StatusFlag<CudaSlice<u8>>,
 }

@@ -253,6 +253,8 @@ pub(crate) struct HipDevice {
     kernels: KernelCache<Kernels>,
     /// The workspace, kept between calls.
     workspace: Workspace<HipBuffer>,
+    /// The key splits' counters, zeroed when allocated, kept between calls (unused on AMD,
+    /// whose splits the merge kernel combines).
     split_counters: Workspace<HipBuffer>,
     status: StatusFlag<HipBuffer>,
 }

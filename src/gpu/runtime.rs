@@ -131,8 +131,9 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
     });
     let dims =
         Dims { grid: plan.grid(), threads: variant.threads() as u32, shared_bytes: variant.shared_bytes() as u32 };
-    // SAFETY: the caller's guarantee for the operands; the metadata and the workspace are
-    // allocations of this runtime sized by the plan, freed stream-ordered after the kernels.
+    // SAFETY: the caller's guarantee for the operands; the metadata, the workspace and the
+    // split counters are allocations of this runtime sized by the plan, freed stream-ordered
+    // after the kernels.
     unsafe { runtime.launch(&kernels, Entry::Attention, dims, &params, maps.as_ref().map(|(m, tma)| (m, *tma)))? };
     if plan.launches_merge() {
         let (grid, threads) = plan.merge_grid();
