@@ -11,6 +11,11 @@ Back-to-back event timings hide launch gaps but not host time: PyTorch's Python 
 
 The first argument is the bench binary of `../shared/tools/gpu-bundle bench --bench gpu`.
 Prints a markdown table, then one JSON object per shape.
+
+    python3 benches/kernel_times.py --ours .gpu-bin/bench-main,.gpu-bin/bench-new 11,2,16x72x300,4x72x190x8
+
+compares builds only (no PyTorch): each one's kernel time on seed shapes and on the bench's
+custom shapes (`HxDxL[xN]`, as `VARLEN_ATTN_BENCH_SHAPES` takes them), builds in turn per problem.
 """
 import csv
 import io
@@ -49,6 +54,28 @@ def ours(binary, index):
     attention = [us for name, us in found if "forward" in name]
     merge = [us for name, us in found if "merge" in name]
     return statistics.median(attention) + (statistics.median(merge) if merge else 0.0), len(merge) > 0
+
+
+def ours_custom(binary, shape):
+    """`ours` for one custom shape of the bench (`HxDxL[xN]`)."""
+    env = dict(os.environ, VARLEN_ATTN_BENCH_REPEATS=str(CALLS), VARLEN_ATTN_BENCH_SHAPES=shape)
+    found, _ = kernels([binary, "--custom"], ["-k", "regex:va_attention"], env)  # no seed shape named
+    attention = [us for name, us in found if "forward" in name]
+    merge = [us for name, us in found if "merge" in name]
+    return statistics.median(attention) + (statistics.median(merge) if merge else 0.0), len(merge) > 0
+
+
+def compare_builds(binaries, problems):
+    """Prints each build's kernel time per problem (a seed shape's index or a custom shape)."""
+    names = [os.path.basename(b) for b in binaries]
+    print("| problem | " + " | ".join(f"{n} µs" for n in names) + " |")
+    print("|---" * (len(names) + 1) + "|")
+    for problem in problems:
+        cells = []
+        for binary in binaries:
+            us, split = ours(binary, int(problem)) if problem.isdigit() else ours_custom(binary, problem)
+            cells.append(f"{us:.1f}{' (split)' if split else ''}")
+        print(f"| {problem} | " + " | ".join(cells) + " |", flush=True)
 
 
 def torch_worker(indices):
@@ -110,6 +137,9 @@ def torch_times(indices):
 def main():
     if sys.argv[1] == "--torch-worker":
         torch_worker(parse(sys.argv[2]))
+        return
+    if sys.argv[1] == "--ours":
+        compare_builds(sys.argv[2].split(","), sys.argv[3].split(","))
         return
     binary, indices = sys.argv[1], parse(sys.argv[2] if len(sys.argv) > 2 else "0-3,11-15,20")
     theirs = torch_times(indices)
