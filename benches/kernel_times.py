@@ -14,7 +14,7 @@ Prints a markdown table, then one JSON object per shape.
 
     python3 benches/kernel_times.py --ours .gpu-bin/bench-main,.gpu-bin/bench-new 11,2,16x72x300,4x72x190x8
 
-compares builds only (no PyTorch): each one's kernel time on seed shapes and on the bench's
+compares builds only (no PyTorch kernels): each one's kernel time on seed shapes and on the bench's
 custom shapes (`HxDxL[xN]`, as `VARLEN_ATTN_BENCH_SHAPES` takes them), builds in turn per problem.
 """
 import csv
@@ -47,19 +47,16 @@ def kernels(command, extra=(), env=None):
     return [(r["Kernel Name"], float(r["gpu__time_duration.sum"].replace(",", "")) * scale) for r in table[1:]], other
 
 
-def ours(binary, index):
-    """Our kernel time per call: the median attention kernel plus the median merge, if any."""
+def ours(binary, problem):
+    """Our kernel time per call: the median attention kernel plus the median merge, if any.
+    `problem` is a seed shape's index, or one of the bench's custom shapes (`HxDxL[xN]`)."""
     env = dict(os.environ, VARLEN_ATTN_BENCH_REPEATS=str(CALLS))
-    found, _ = kernels([binary, str(index)], ["-k", "regex:va_attention"], env)
-    attention = [us for name, us in found if "forward" in name]
-    merge = [us for name, us in found if "merge" in name]
-    return statistics.median(attention) + (statistics.median(merge) if merge else 0.0), len(merge) > 0
-
-
-def ours_custom(binary, shape):
-    """`ours` for one custom shape of the bench (`HxDxL[xN]`)."""
-    env = dict(os.environ, VARLEN_ATTN_BENCH_REPEATS=str(CALLS), VARLEN_ATTN_BENCH_SHAPES=shape)
-    found, _ = kernels([binary, "--custom"], ["-k", "regex:va_attention"], env)  # no seed shape named
+    if isinstance(problem, int):
+        command = [binary, str(problem)]
+    else:  # custom shapes run alone where no seed shape is named
+        env["VARLEN_ATTN_BENCH_SHAPES"] = problem
+        command = [binary, "--custom"]
+    found, _ = kernels(command, ["-k", "regex:va_attention"], env)
     attention = [us for name, us in found if "forward" in name]
     merge = [us for name, us in found if "merge" in name]
     return statistics.median(attention) + (statistics.median(merge) if merge else 0.0), len(merge) > 0
@@ -73,7 +70,7 @@ def compare_builds(binaries, problems):
     for problem in problems:
         cells = []
         for binary in binaries:
-            us, split = ours(binary, int(problem)) if problem.isdigit() else ours_custom(binary, problem)
+            us, split = ours(binary, int(problem) if problem.isdigit() else problem)
             cells.append(f"{us:.1f}{' (split)' if split else ''}")
         print(f"| {problem} | " + " | ".join(cells) + " |", flush=True)
 
