@@ -11,7 +11,7 @@
 #       bash benches/h200_prepared.sh .gpu-bin/bench-main .gpu-bin/bench-new .gpu-bin/gpu-new [bench ...]
 #
 # Logs in $OUT; DEADLINE (seconds, default 540) skips what would not finish. On an H100 the
-# three tools at once take ~200 s on the suite (3 random cases per property test).
+# three tools at once take 215-240 s on the suite (3 random cases per property test).
 set -uo pipefail
 deadline=540
 source "$(dirname "$0")/h200_common.sh"
@@ -26,7 +26,7 @@ if room 120 "sanitizers"; then
     step "memcheck, synccheck and racecheck at once, the sm_80 suite beside them ($(basename "$suite"))"
     left=$((deadline - SECONDS - 60))
     (VARLEN_ATTN_GPU_KERNEL=mma SUITE_CASES=2 run_suite "$suite" 200 mma >"$out/mma-verdict.txt" 2>&1) &
-    SANITIZE_LOGS=$out/sanitize SANITIZE_TIMEOUT=$((left < 240 ? left : 240)) bash fuzz/sanitize-gpu.sh "$suite" memcheck synccheck racecheck 2>&1
+    SANITIZE_LOGS=$out/sanitize SANITIZE_TIMEOUT=$((left < 300 ? left : 300)) bash fuzz/sanitize-gpu.sh "$suite" memcheck synccheck racecheck 2>&1
     wait
     cat "$out/mma-verdict.txt"
 fi

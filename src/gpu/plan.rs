@@ -212,8 +212,12 @@ impl Variant {
     /// take 192-key tiles where they pad the keys by at most 2% more than 128-key ones: per
     /// key they ran 3-6% faster on the H200 (fewer fixed costs per tile), but each sequence's
     /// last tile pads up to 191 keys, which short sequences pay for (16 images × 1024 tokens:
-    /// 9% slower). With cu_seqlens on the device `problem`'s lengths are a guess
-    /// (`Plan::with_device_seqlens`). Then whatever the tuning switches force.
+    /// 9% slower). Where 64-key tiles pad the keys at least 15% less (short sequences: at
+    /// most 320 keys, the last 128-key tile at most half full), they take those: on an H100,
+    /// 4 heads × 276 tokens (320 keys padded instead of 384) took 8.4 µs of kernel time
+    /// against 8.7, 32 sequences of 60 (64 keys, not 128) 16.2 against 20.4. With cu_seqlens on
+    /// the device `problem`'s lengths are a guess (`Plan::with_device_seqlens`). Then whatever
+    /// the tuning switches force.
     fn hopper_tiles(self, problem: &Problem, multiprocessors: usize, tuning: &Tuning) -> Self {
         let mut variant = self;
         let query_tiles =
@@ -236,7 +240,10 @@ impl Variant {
         let wide_tiles_pay = widest <= 96
             && variant.warps == 8
             && 50 * padded_scores(problem, 1, 192) <= 51 * padded_scores(problem, 1, variant.block_n);
-        let block_n = tuning.block_n.or(wide_tiles_pay.then_some(192));
+        let narrow_tiles_pay = widest <= 128
+            && variant.block_n == 128
+            && 100 * padded_scores(problem, 1, 64) <= 85 * padded_scores(problem, 1, variant.block_n);
+        let block_n = tuning.block_n.or(wide_tiles_pay.then_some(192)).or(narrow_tiles_pay.then_some(64));
         if let Some(block_n) = block_n.filter(|_| widest <= 128) {
             variant = Variant { block_n, ..variant }.with_hopper_stages();
         }
@@ -897,6 +904,11 @@ mod tests {
         assert_eq!(tiles(&[256; 64], 72), (128, 128));
         assert_eq!(tiles(&[1200], 72), (192, 128));
         assert_eq!(tiles(&[720], 72), (128, 192));
+        // Short sequences whose last 128-key tile is at most half full take 64-key tiles
+        // (276 keys: 320 padded instead of 384; 60: 64 instead of 128); 350 keys pad 384
+        // either way.
+        assert_eq!((tiles(&[276], 72), tiles(&[60; 32], 72)), ((64, 64), (128, 64)));
+        assert_eq!((tiles(&[350], 72), tiles(&[276], 128)), ((64, 128), (64, 64)));
         // The mixed batch of nine images (58 tiles of 192 rows per head): head_dim 64 and 72
         // take 192 rows, 80 does not (its accumulators would spill).
         let mixed = [720, 1200, 276, 3844, 64, 1, 2116, 1012, 600];
@@ -929,9 +941,10 @@ mod tests {
         assert_eq!(on_device(17296, 1, 80), tiles(&[17296], 80));
         // The mixed batch's 9833 tokens as nine of 1092-1093: 192 rows, as its own lengths take.
         assert_eq!(on_device(9833, 9, 72), (192, 128));
-        // tests/gpu.rs's device-cu_seqlens batches: 2861 tokens as 7 sequences, 5994 as 2000,
-        // one sequence of 768 (its 96 tiles of 128 rows fit one wave; 192 keys pad none).
-        assert_eq!((on_device(2861, 7, 72), on_device(5994, 2000, 72)), ((192, 128), (128, 128)));
+        // tests/gpu.rs's device-cu_seqlens batches: 2861 tokens as 7 sequences, 5994 as 2000
+        // (of 3 tokens: 64-key tiles), one sequence of 768 (its 96 tiles of 128 rows fit one
+        // wave; 192 keys pad none).
+        assert_eq!((on_device(2861, 7, 72), on_device(5994, 2000, 72)), ((192, 128), (128, 64)));
         assert_eq!(on_device(768, 1, 72), (128, 192));
     }
 
@@ -950,8 +963,12 @@ mod tests {
         // 192-key tiles leave room for two stages (and two Q buffers), not three.
         let wide_tiles = with(Tuning { block_n: Some(192), ..Tuning::default() });
         assert_eq!((wide_tiles.block_n, wide_tiles.stages, wide_tiles.q_buffers), (192, 2, 2));
-        // 192-row tiles: three computing warpgroups and the copying one.
-        let tall = with(Tuning { block_m: Some(192), ..Tuning::default() });
+        // 276 keys take 64-key tiles (320 padded) unless told 128 (384).
+        assert_eq!(with(Tuning::default()).block_n, 64);
+        assert_eq!(with(Tuning { block_n: Some(128), ..Tuning::default() }).block_n, 128);
+        // 192-row tiles: three computing warpgroups and the copying one, room for three
+        // stages of 128 keys.
+        let tall = with(Tuning { block_m: Some(192), block_n: Some(128), ..Tuning::default() });
         assert_eq!((tall.block_m(), tall.threads(), tall.block_n, tall.stages, tall.q_buffers), (192, 512, 128, 3, 2));
         assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
         // A problem that fills the GPU with 192-row tiles takes them unless told otherwise.
