@@ -271,12 +271,11 @@ fn key_split_results_are_the_same_on_every_run() {
         let (out, lse) = run();
         for round in 1..6 {
             let (again, again_lse) = run();
+            // Counts, not the tensors: a failure prints a line, not millions of values.
             let differing = out.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(differing, 0, "shape {index}, run {round}: {differing} outputs differ from the first run's");
-            assert!(
-                lse.iter().zip(&again_lse).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "shape {index}, run {round}: LSEs"
-            );
+            assert_eq!(differing, 0, "shape {index}, run {round}: outputs differ from the first run's");
+            let differing = lse.iter().zip(&again_lse).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differing, 0, "shape {index}, run {round}: LSEs differ from the first run's");
         }
     }
 }

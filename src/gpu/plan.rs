@@ -240,8 +240,7 @@ impl Variant {
         let wide_tiles_pay = widest <= 96
             && variant.warps == 8
             && 50 * padded_scores(problem, 1, 192) <= 51 * padded_scores(problem, 1, variant.block_n);
-        let narrow_tiles_pay = widest <= 128
-            && variant.block_n == 128
+        let narrow_tiles_pay = variant.block_n == 128
             && 100 * padded_scores(problem, 1, 64) <= 85 * padded_scores(problem, 1, variant.block_n);
         let block_n = tuning.block_n.or(wide_tiles_pay.then_some(192)).or(narrow_tiles_pay.then_some(64));
         if let Some(block_n) = block_n.filter(|_| widest <= 128) {
