@@ -43,6 +43,14 @@ fn skip_huge() -> bool {
     std::env::var_os("VARLEN_ATTN_GPU_CASES").is_some()
 }
 
+/// Asserts that two results hold the same bits, element for element. A failure names how many
+/// elements differ, not the tensors: those are millions of values.
+fn assert_same_bits<T: bytemuck::Pod>(got: &[T], expected: &[T], what: &str) {
+    assert_eq!(got.len(), expected.len(), "{what}: lengths differ");
+    let differing = got.iter().zip(expected).filter(|(a, b)| bytemuck::bytes_of(*a) != bytemuck::bytes_of(*b)).count();
+    assert_eq!(differing, 0, "{what}: {differing} of {} elements differ", got.len());
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(128), ..ProptestConfig::default() })]
 
@@ -146,8 +154,8 @@ fn device_resident_api_matches_the_host_api() {
         &Params { backend: Backend::Gpu, ..Params::default() },
     )
     .unwrap();
-    assert_eq!(got, host.0.as_slice().unwrap());
-    assert_eq!(device.download(&lse).unwrap(), host.1.as_slice().unwrap());
+    assert_same_bits(&got, host.0.as_slice().unwrap(), "device output against the host call's");
+    assert_same_bits(&device.download(&lse).unwrap(), host.1.as_slice().unwrap(), "device LSE against the host call's");
     // A bad cu_seqlens is refused before anything runs on the device.
     let err = call(&qd, &[0, 5], &mut out, None).unwrap_err();
     assert!(matches!(err, varlen_attn::Error::CuSeqlens { .. }), "{err}");
@@ -180,14 +188,17 @@ fn windows_wider_than_the_sequence_are_no_window_on_the_gpu() {
     let [q, k, v] = shape.random_inputs::<bf16>(5);
     let cu = shape.cu_seqlens();
     let gpu = Params { backend: Backend::Gpu, ..Params::default() };
-    let run = |p: &Params| varlen_attn::forward(q.view(), k.view(), v.view(), &cu, &cu, p).unwrap();
+    let run = |p: &Params| {
+        varlen_attn::forward(q.view(), k.view(), v.view(), &cu, &cu, p).unwrap().into_raw_vec_and_offset().0
+    };
     let full = run(&gpu);
     // usize::MAX windows: row + offset + window must not wrap in the kernel.
     let huge = Params { window_left: Some(usize::MAX), window_right: Some(usize::MAX), ..gpu.clone() };
-    assert_eq!(run(&huge), full);
+    assert_same_bits(&run(&huge), &full, "usize::MAX windows against none");
     let causal = run(&Params { causal: true, ..gpu.clone() });
-    assert_eq!(run(&Params { causal: true, window_left: Some(usize::MAX), ..gpu.clone() }), causal);
-    assert_ne!(causal, full);
+    let causal_huge = run(&Params { causal: true, window_left: Some(usize::MAX), ..gpu.clone() });
+    assert_same_bits(&causal_huge, &causal, "causal with a usize::MAX window against causal");
+    assert!(causal != full, "causal masking changes the output");
 }
 
 proptest! {
@@ -271,11 +282,9 @@ fn key_split_results_are_the_same_on_every_run() {
         let (out, lse) = run();
         for round in 1..6 {
             let (again, again_lse) = run();
-            // Counts, not the tensors: a failure prints a line, not millions of values.
-            let differing = out.iter().zip(&again).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(differing, 0, "shape {index}, run {round}: outputs differ from the first run's");
-            let differing = lse.iter().zip(&again_lse).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-            assert_eq!(differing, 0, "shape {index}, run {round}: LSEs differ from the first run's");
+            let what = format!("shape {index}, run {round} against the first run");
+            assert_same_bits(again.as_slice().unwrap(), out.as_slice().unwrap(), &format!("{what}: outputs"));
+            assert_same_bits(again_lse.as_slice().unwrap(), lse.as_slice().unwrap(), &format!("{what}: LSEs"));
         }
     }
 }
@@ -490,7 +499,7 @@ fn a_captured_call_replays_with_new_device_seqlens() {
         device.check_seqlens().unwrap();
         let (got, got_lse) = (device.download(&out).unwrap(), device.download(&lse).unwrap());
         if lengths == &first {
-            assert_eq!(got, direct, "the replay equals the direct call");
+            assert_same_bits(&got, &direct, "the replay against the direct call");
         }
         check_against_oracle(&inputs, lengths, &params, got, got_lse);
     }
