@@ -12,6 +12,9 @@
 #
 # Logs in $OUT; DEADLINE (seconds, default 540) skips what would not finish. On an H100 the
 # three tools at once take 215-240 s on the suite (3 random cases per property test).
+# SANITIZERS (default "memcheck synccheck racecheck") picks the tools; empty, the candidate's
+# Hopper suite runs plain beside the sm_80 one instead (~2 minutes: for a lease too short for
+# the tools, or a machine taken back before long calls finish).
 set -uo pipefail
 deadline=540
 source "$(dirname "$0")/h200_common.sh"
@@ -22,11 +25,18 @@ fi
 main_bench=$1 new_bench=$2 suite=$3
 shift 3
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
-if room 120 "sanitizers"; then
-    step "memcheck, synccheck and racecheck at once, the sm_80 suite beside them ($(basename "$suite"))"
+read -ra tools <<<"${SANITIZERS-memcheck synccheck racecheck}"
+if [ ${#tools[@]} -eq 0 ]; then
+    step "the Hopper and sm_80 suites at once, no sanitizer ($(basename "$suite"))"
+    (VARLEN_ATTN_GPU_KERNEL=mma SUITE_CASES=2 run_suite "$suite" 150 mma >"$out/mma-verdict.txt" 2>&1) &
+    SUITE_CASES=4 run_suite "$suite" 150
+    wait
+    cat "$out/mma-verdict.txt"
+elif room 120 "sanitizers"; then
+    step "${tools[*]} at once, the sm_80 suite beside them ($(basename "$suite"))"
     left=$((deadline - SECONDS - 60))
     (VARLEN_ATTN_GPU_KERNEL=mma SUITE_CASES=2 run_suite "$suite" 200 mma >"$out/mma-verdict.txt" 2>&1) &
-    SANITIZE_LOGS=$out/sanitize SANITIZE_TIMEOUT=$((left < 300 ? left : 300)) bash fuzz/sanitize-gpu.sh "$suite" memcheck synccheck racecheck 2>&1
+    SANITIZE_LOGS=$out/sanitize SANITIZE_TIMEOUT=$((left < 300 ? left : 300)) bash fuzz/sanitize-gpu.sh "$suite" "${tools[@]}" 2>&1
     wait
     cat "$out/mma-verdict.txt"
 fi
