@@ -26,17 +26,16 @@ main_bench=$1 new_bench=$2 suite=$3
 shift 3
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 read -ra tools <<<"${SANITIZERS-memcheck synccheck racecheck}"
-if [ ${#tools[@]} -eq 0 ]; then
-    step "the Hopper and sm_80 suites at once, no sanitizer ($(basename "$suite"))"
-    (VARLEN_ATTN_GPU_KERNEL=mma SUITE_CASES=2 run_suite "$suite" 150 mma >"$out/mma-verdict.txt" 2>&1) &
-    SUITE_CASES=4 run_suite "$suite" 150
-    wait
-    cat "$out/mma-verdict.txt"
-elif room 120 "sanitizers"; then
-    step "${tools[*]} at once, the sm_80 suite beside them ($(basename "$suite"))"
-    left=$((deadline - SECONDS - 60))
+if [ ${#tools[@]} -eq 0 ] || room 120 "sanitizers"; then
     (VARLEN_ATTN_GPU_KERNEL=mma SUITE_CASES=2 run_suite "$suite" 200 mma >"$out/mma-verdict.txt" 2>&1) &
-    SANITIZE_LOGS=$out/sanitize SANITIZE_TIMEOUT=$((left < 300 ? left : 300)) bash fuzz/sanitize-gpu.sh "$suite" "${tools[@]}" 2>&1
+    if [ ${#tools[@]} -eq 0 ]; then
+        step "the Hopper suite, the sm_80 suite beside it, no sanitizer ($(basename "$suite"))"
+        SUITE_CASES=4 run_suite "$suite" 200
+    else
+        step "${tools[*]} at once, the sm_80 suite beside them ($(basename "$suite"))"
+        left=$((deadline - SECONDS - 60))
+        SANITIZE_LOGS=$out/sanitize SANITIZE_TIMEOUT=$((left < 300 ? left : 300)) bash fuzz/sanitize-gpu.sh "$suite" "${tools[@]}" 2>&1
+    fi
     wait
     cat "$out/mma-verdict.txt"
 fi

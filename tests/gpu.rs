@@ -43,11 +43,13 @@ fn skip_huge() -> bool {
     std::env::var_os("VARLEN_ATTN_GPU_CASES").is_some()
 }
 
-/// Asserts that two results hold the same bits, element for element. A failure names how many
-/// elements differ, not the tensors: those are millions of values.
-fn assert_same_bits<T: bytemuck::Pod>(got: &[T], expected: &[T], what: &str) {
+/// Asserts that two results hold the same bits and equal values, element for element (so a
+/// NaN, which equals nothing, fails as under `assert_eq!`). A failure names how many elements
+/// differ, not the tensors: those are millions of values.
+fn assert_same_bits<T: bytemuck::Pod + PartialEq>(got: &[T], expected: &[T], what: &str) {
     assert_eq!(got.len(), expected.len(), "{what}: lengths differ");
-    let differing = got.iter().zip(expected).filter(|(a, b)| bytemuck::bytes_of(*a) != bytemuck::bytes_of(*b)).count();
+    let same = |a: &T, b: &T| a == b && bytemuck::bytes_of(a) == bytemuck::bytes_of(b);
+    let differing = got.iter().zip(expected).filter(|(a, b)| !same(a, b)).count();
     assert_eq!(differing, 0, "{what}: {differing} of {} elements differ", got.len());
 }
 
@@ -188,16 +190,15 @@ fn windows_wider_than_the_sequence_are_no_window_on_the_gpu() {
     let [q, k, v] = shape.random_inputs::<bf16>(5);
     let cu = shape.cu_seqlens();
     let gpu = Params { backend: Backend::Gpu, ..Params::default() };
-    let run = |p: &Params| {
-        varlen_attn::forward(q.view(), k.view(), v.view(), &cu, &cu, p).unwrap().into_raw_vec_and_offset().0
-    };
+    let run = |p: &Params| varlen_attn::forward(q.view(), k.view(), v.view(), &cu, &cu, p).unwrap();
     let full = run(&gpu);
     // usize::MAX windows: row + offset + window must not wrap in the kernel.
     let huge = Params { window_left: Some(usize::MAX), window_right: Some(usize::MAX), ..gpu.clone() };
-    assert_same_bits(&run(&huge), &full, "usize::MAX windows against none");
+    assert_same_bits(run(&huge).as_slice().unwrap(), full.as_slice().unwrap(), "usize::MAX windows against none");
     let causal = run(&Params { causal: true, ..gpu.clone() });
     let causal_huge = run(&Params { causal: true, window_left: Some(usize::MAX), ..gpu.clone() });
-    assert_same_bits(&causal_huge, &causal, "causal with a usize::MAX window against causal");
+    let what = "causal with a usize::MAX window against causal";
+    assert_same_bits(causal_huge.as_slice().unwrap(), causal.as_slice().unwrap(), what);
     assert!(causal != full, "causal masking changes the output");
 }
 
