@@ -213,46 +213,57 @@ VA_DEVICE bool va_last_split(const VaParams& p, const VaTile& tile, int group_ro
 }
 
 // Every split's partial rows of this thread's fragment places, combined by their LSEs as the
-// merge kernel does (combine.h): `o` gets the output rows, normalized, and `lse` their
-// log-sum-exps. The loads bypass L1 (.cg): other multiprocessors wrote those rows.
+// merge kernel does (combine.h): `o` gets the output rows' weighted sums, `scale` what
+// normalizes them (as `va_total_rows` gives a whole tile's), and `lse` their log-sum-exps.
+// One pass with a running maximum, this split's own rows (`own`, normalized, and `own_lse`)
+// taken from registers and the others' loaded, so that no load waits for the one before and
+// two splits' loads go out together. The splits are folded in their order, not with this
+// block's first: whichever split finishes last, the sums and so the bits are the same on every
+// run. The loads bypass L1 (.cg): other multiprocessors wrote those rows.
 template <int NO>
 VA_DEVICE void va_combine_splits(const VaParams& p, const VaTile& tile, const VaRows& r, const bool (&inside)[2], int t,
-                                 float (&o)[NO][4], float (&lse)[2]) {
-    // Split s's partial row of sequence row `row`: first + s · VA_BLOCK_M + row.
-    const va_i64 first = (va_i64)(tile.slot - tile.split) * VA_BLOCK_M - tile.m0;
+                                 const float (&own)[NO][4], const float (&own_lse)[2], float (&o)[NO][4], float (&scale)[2],
+                                 float (&lse)[2]) {
     float top[2] = {VA_NEG_INF, VA_NEG_INF}, total[2] = {0.0f, 0.0f};
-    for (int s = 0; s < tile.splits; ++s)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-            if (inside[i]) top[i] = fmaxf(top[i], __ldcg(p.partial_lse + first + s * VA_BLOCK_M + r.row[i]));
 #pragma unroll
     for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+#pragma unroll 2
     for (int s = 0; s < tile.splits; ++s) {
+        const bool mine = s == tile.split;
+        float split_lse[2];
+        float2 split_rows[2][NO];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            if (!inside[i] || top[i] == VA_NEG_INF) continue;
-            const va_i64 row = first + s * VA_BLOCK_M + r.row[i];
-            const float w = exp2f((__ldcg(p.partial_lse + row) - top[i]) * VA_LOG2E);
-            total[i] += w;
+            // The splits' partial rows of one pair lie VA_BLOCK_M apart.
+            const va_i64 row = va_partial_row(tile, r.row[i]) + (va_i64)(s - tile.split) * VA_BLOCK_M;
+            const bool load = inside[i] && !mine;
+            split_lse[i] = mine ? own_lse[i] : load ? __ldcg(p.partial_lse + row) : VA_NEG_INF;
             const float* src = p.partial_out + row * VA_HEAD_DIM_V_PAD + 2 * t;
 #pragma unroll
+            for (int n = 0; n < NO; ++n)
+                split_rows[i][n] = mine   ? make_float2(own[n][2 * i], own[n][2 * i + 1])
+                                   : load ? __ldcg(reinterpret_cast<const float2*>(src + n * 8))
+                                          : make_float2(0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float m = fmaxf(top[i], split_lse[i]);
+            if (m == VA_NEG_INF) continue; // no split so far has seen a key
+            const float keep = exp2f((top[i] - m) * VA_LOG2E), w = exp2f((split_lse[i] - m) * VA_LOG2E);
+            total[i] = total[i] * keep + w;
+#pragma unroll
             for (int n = 0; n < NO; ++n) {
-                const float2 v = __ldcg(reinterpret_cast<const float2*>(src + n * 8));
-                o[n][2 * i] += w * v.x;
-                o[n][2 * i + 1] += w * v.y;
+                o[n][2 * i] = o[n][2 * i] * keep + w * split_rows[i][n].x;
+                o[n][2 * i + 1] = o[n][2 * i + 1] * keep + w * split_rows[i][n].y;
             }
+            top[i] = m;
         }
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const bool seen = total[i] > 0.0f;
         lse[i] = seen ? top[i] + logf(total[i]) : VA_NEG_INF;
-        const float inv = seen ? 1.0f / total[i] : 0.0f;
-#pragma unroll
-        for (int n = 0; n < NO; ++n) {
-            o[n][2 * i] *= inv;
-            o[n][2 * i + 1] *= inv;
-        }
+        scale[i] = seen ? 1.0f / total[i] : 0.0f;
     }
 }
 
@@ -284,23 +295,27 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
         inside[i] = r.row[i] < tile.lq;
     }
     if (tile.slot >= 0) {
+        float own[NO][4], own_lse[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
+            own_lse[i] = va_row_lse(r, i, factor);
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                own[n][2 * i] = o[n][2 * i] * inv[i];
+                own[n][2 * i + 1] = o[n][2 * i + 1] * inv[i];
+            }
             if (!inside[i]) continue;
             const va_i64 partial = va_partial_row(tile, r.row[i]);
             float* dst = p.partial_out + partial * VA_HEAD_DIM_V_PAD;
 #pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                const int col = n * 8 + 2 * t;
-                *reinterpret_cast<float2*>(dst + col) = make_float2(o[n][2 * i] * inv[i], o[n][2 * i + 1] * inv[i]);
-            }
-            if (t == 0) p.partial_lse[partial] = va_row_lse(r, i, factor);
+            for (int n = 0; n < NO; ++n)
+                *reinterpret_cast<float2*>(dst + n * 8 + 2 * t) = make_float2(own[n][2 * i], own[n][2 * i + 1]);
+            if (t == 0) p.partial_lse[partial] = own_lse[i];
         }
         if (p.split_counters == nullptr || !va_last_split(p, tile, r.row[0] - (int)(threadIdx.x % VA_WARP) / 4)) return;
-        float combined[NO][4], lse[2];
-        va_combine_splits(p, tile, r, inside, t, combined, lse);
-        const float one[2] = {1.0f, 1.0f};
-        va_write_rows(p, tile, combined, one, r, inside, t);
+        float combined[NO][4], scale[2], lse[2];
+        va_combine_splits(p, tile, r, inside, t, own, own_lse, combined, scale, lse);
+        va_write_rows(p, tile, combined, scale, r, inside, t);
         va_write_lse(p, tile, r, inside, t, [&](int i) { return lse[i]; });
         return;
     }
