@@ -21,7 +21,8 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
 }
 
 // One key tile of the online softmax: soft-cap (in base-2 units), masked keys to -inf where
-// `masked`, the new row maxima, and then `s` becomes the probabilities exp2(s · factor - max ·
+// `masked` (this thread's first column holds key `key0`; keys below `key_floor` repeat the
+// tile before's, as in a last tile loaded flush with the sequence's end), the new row maxima, and then `s` becomes the probabilities exp2(s · factor - max ·
 // factor) (one FMA and one ex2 each) while the row sums are rescaled by the change of the maxima,
 // which `alpha` returns for the output (`va_rescale_fragment`). Scores stay in `factor` units:
 // factor is scale · log2(e), or 1 with a soft-cap.
@@ -32,8 +33,8 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
 // reach 2^24 (never for ordinary inputs; the test is one vote per warp and tile) the scores are
 // first rounded to logits, so that the max's own term is exactly 0, as on the CPU.
 template <int NS>
-VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], VaRows& r, int key0, bool masked,
-                                   float factor, float (&alpha)[2]) {
+VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], VaRows& r, int key0, int key_floor,
+                                   bool masked, float factor, float (&alpha)[2]) {
     if (VA_SOFTCAP && p.softcap > 0.0f) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
@@ -42,7 +43,9 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
     }
     if (masked) {
         // Each row's visible range once, then two compares and a select per score.
-        const VaVisible visible[2] = {va_visible_keys(p, tile, r.row[0]), va_visible_keys(p, tile, r.row[1])};
+        VaVisible visible[2] = {va_visible_keys(p, tile, r.row[0]), va_visible_keys(p, tile, r.row[1])};
+        visible[0].first = max(visible[0].first, key_floor);
+        visible[1].first = max(visible[1].first, key_floor);
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll

@@ -105,7 +105,7 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             float alpha[2];
-            va_softmax_fragment(p, tile, s[mt], rows[mt], j * VA_BLOCK_N + 2 * t, masked, factor, alpha);
+            va_softmax_fragment(p, tile, s[mt], rows[mt], j * VA_BLOCK_N + 2 * t, j * VA_BLOCK_N, masked, factor, alpha);
             va_rescale_fragment(o[mt], alpha);
         }
 

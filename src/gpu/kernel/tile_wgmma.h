@@ -162,7 +162,8 @@ VA_DEVICE int va_q_phase(int round) { return (round / VA_Q_BUFFERS) & 1; }
 // first keys land while the computing warps finish the last one's values and write it. A tile of keys that all
 // belong to the sequence comes by TMA (one thread issues a box per 64-column slab) where the
 // host encoded tensor maps, its tail columns by cp.async; a tile that runs past the sequence's
-// end comes wholly by cp.async with zero-fill, so that nothing of the next sequence enters.
+// end comes flush with that end (`va_key_tile_start`), or, in a sequence shorter than a tile or
+// without tensor maps, wholly by cp.async with zero-fill: nothing of the next sequence enters.
 // Narrow heads load the keys of tile i + 1 before the values of tile i, which are needed later;
 // wide heads keep each tile's keys and values together (measured on the H200: keys ahead 10%
 // faster at head_dim 72, 6% slower at 128, whose larger values then arrive late; where between
@@ -170,12 +171,22 @@ VA_DEVICE int va_q_phase(int round) { return (round / VA_Q_BUFFERS) & 1; }
 // first copying thread (with the TMA bytes it expects) and one per copying thread's cp.async.
 // V's partly used last slab comes by TMA too: the box's columns past the head's are out of the
 // tensor, which TMA fills with zeros (and counts in the bytes).
+// The first key of key tile j's copy in shared memory: j · BLOCK_N, but where a sequence of
+// at least BLOCK_N keys ends inside the tile and tensor maps exist, its last BLOCK_N keys, so
+// that the tile comes by TMA, flush with the sequence's end, instead of by cp.async with
+// zero-fill (a cold path that cost small problems up to a microsecond); its first rows repeat
+// keys of the tile before, which the softmax masks (`key_floor`). Both warpgroups ask this.
+VA_DEVICE int va_key_tile_start(const VaTile& tile, int j, bool tma) {
+    const int key0 = j * VA_BLOCK_N;
+    return tma && key0 + VA_BLOCK_N > tile.lk && tile.lk >= VA_BLOCK_N ? tile.lk - VA_BLOCK_N : key0;
+}
+
 // Key (or value) tile i of the tile, the block's n-th, into its stage (a VaCoreTile T), by the
 // copying warpgroup.
 template <typename T>
 VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, va_u64* full, va_u64* empty, const VaTensorMap* map,
                              const va_u16* base, va_i64 token_stride, int dims, int i, int n, int thread, bool tma) {
-    const int stage = va_stage(n), key0 = (tile.j_begin + i) * VA_BLOCK_N;
+    const int stage = va_stage(n), key0 = va_key_tile_start(tile, tile.j_begin + i, tma);
     va_u16* dst = stages + stage * T::ELEMS;
     va_mbarrier_wait(&empty[stage], va_phase(n) ^ 1);
     if (T::SLABS > 0 && tma && key0 + VA_BLOCK_N <= tile.lk) {
@@ -313,7 +324,7 @@ VA_DEVICE va_u32 va_q_buffer16(const VaWgmmaSmem& sm, int r) { return va_smem_ad
 // block's from `first` on, with Q's round `round`. The score product of key tile i runs
 // alongside the value product of tile i - 1 (FlashAttention-3's intra-warpgroup overlap): the
 // softmax of tile i waits only for the scores, then the values.
-VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, int first, int round) {
+VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWgmmaSmem& sm, int first, int round, bool tma) {
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
     const int warp = threadIdx.x / VA_WARP, lane = threadIdx.x % VA_WARP;
@@ -340,7 +351,7 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
         const auto softmax = [&](int i) {
             const int j = tile.j_begin + i;
             const bool masked = va_tile_needs_mask(p, tile, j, warp_first, warp_last);
-            va_softmax_fragment(p, tile, s, rows, j * VA_BLOCK_N + 2 * t, masked, factor, alpha);
+            va_softmax_fragment(p, tile, s, rows, va_key_tile_start(tile, j, tma) + 2 * t, j * VA_BLOCK_N, masked, factor, alpha);
         };
         const auto probabilities = [&] {
 #pragma unroll
@@ -401,13 +412,13 @@ VA_DEVICE void va_consume_tile(const VaParams& p, const VaTile& tile, const VaWg
 }
 
 // The computing warpgroups' part of the block: each of its tiles in turn.
-VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm) {
+VA_DEVICE void va_consume_tiles(const VaParams& p, const VaWgmmaSmem& sm, bool tma) {
     va_registers_claim<VA_CONSUMER_REGISTERS>();
     int first = 0, round = 0; // as the copying warpgroup counts them
     const int group = va_computing_group();
     va_start_turns(group);
     va_for_each_tile(p, [&](const VaTile& tile) {
-        va_consume_tile(p, tile, sm, first, round);
+        va_consume_tile(p, tile, sm, first, round, tma);
         const int tiles = tile.j_end - tile.j_begin;
         if (tiles > 0) {
             first += tiles;
@@ -449,6 +460,6 @@ VA_DEVICE void va_attention_wgmma(const VaParams& p, va_u16* smem, const VaTenso
     if (threadIdx.x >= VA_THREADS) {
         va_produce_tiles(p, sm, k_map, v_map, tma);
     } else {
-        va_consume_tiles(p, sm);
+        va_consume_tiles(p, sm, tma);
     }
 }
