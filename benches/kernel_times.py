@@ -10,7 +10,9 @@ Back-to-back event timings hide launch gaps but not host time: PyTorch's Python 
     python3 benches/kernel_times.py .gpu-bench/gpu-<hash> 0-3,11-15,20
 
 The first argument is the bench binary of `../shared/tools/gpu-bundle bench --bench gpu`.
-Prints a markdown table, then one JSON object per shape.
+Prints a markdown table, then one JSON object per shape. Problems are seed shapes' indices or
+custom shapes (`HxDxL[xN]`: N sequences of L tokens, H heads of D columns): FA2 varlen runs
+them packed, cuDNN as one dense [N, H, L, D] batch (the same work for equal lengths).
 
     python3 benches/kernel_times.py --ours .gpu-bin/bench-main,.gpu-bin/bench-new 11,2,16x72x300,4x72x190x8
 
@@ -75,17 +77,33 @@ def compare_builds(binaries, problems):
         print(f"| {problem} | " + " | ".join(cells) + " |", flush=True)
 
 
-def torch_worker(indices):
-    """Runs under ncu: CALLS calls per backend and shape inside profiler ranges."""
+def problem_shape(problem):
+    """(heads, dim, length, sequences) of a seed shape's index or a custom `HxDxL[xN]`."""
+    if isinstance(problem, int) or problem.isdigit():
+        return (*SHAPES[int(problem)], 1)
+    parts = [int(x) for x in problem.split("x")]
+    return (*parts, 1) if len(parts) == 3 else tuple(parts)
+
+
+def parse_problems(selection):
+    """Seed shapes (`0-3,11`) and custom shapes (`16x72x256x64`), comma-separated."""
+    problems = []
+    for part in selection.split(","):
+        problems += [part] if "x" in part else [str(i) for i in parse(part)]
+    return problems
+
+
+def torch_worker(problems):
+    """Runs under ncu: CALLS calls per backend and problem inside profiler ranges."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    for index in indices:
-        heads, dim, length = SHAPES[index]
-        q, k, v = (torch.randn(length, heads, dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-        cu = torch.tensor([0, length], dtype=torch.int32, device="cuda")
-        qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    for problem in problems:
+        heads, dim, length, sequences = problem_shape(problem)
+        q, k, v = (torch.randn(sequences * length, heads, dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+        cu = torch.arange(0, sequences * length + 1, length, dtype=torch.int32, device="cuda")
+        qt, kt, vt = (x.view(sequences, length, heads, dim).transpose(1, 2) for x in (q, k, v))
 
         def fa2():
             torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, length, length, 0.0, False, False)
@@ -99,7 +117,7 @@ def torch_worker(indices):
                 for _ in range(3):
                     call()
             except RuntimeError:
-                print(f"no-kernel {backend} {index}", flush=True)
+                print(f"no-kernel {backend} {problem}", flush=True)
                 continue
             torch.cuda.synchronize()
             torch.cuda.profiler.start()
@@ -109,49 +127,59 @@ def torch_worker(indices):
             torch.cuda.profiler.stop()
 
 
-def torch_times(indices):
+def torch_times(problems):
     """{shape: (FA2 µs, cuDNN µs or None)} per call: the profiled ranges hold CALLS FA2 calls
     (kernels named flash) then CALLS cuDNN calls (every other kernel) per shape, in order,
     but for backends that have no kernel for a shape."""
-    found, other = kernels([sys.executable, os.path.abspath(__file__), "--torch-worker", ",".join(map(str, indices))],
+    found, other = kernels([sys.executable, os.path.abspath(__file__), "--torch-worker", ",".join(problems)],
                     ["--profile-from-start", "off"])
-    groups = []  # runs of consecutive kernels of one backend
+    runs = []  # runs of consecutive kernels of one backend
     for name, us in found:
         backend = "fa2" if "flash_fwd" in name else "cudnn"  # FA2's kernels are flash_fwd_*
-        if groups and groups[-1][0] == backend:
-            groups[-1][1].append(us)
+        if runs and runs[-1][0] == backend:
+            runs[-1][1].append(us)
         else:
-            groups.append((backend, [us]))
+            runs.append((backend, [us]))
     print("kernels:", sorted({name[:120] for name, _ in found}), file=sys.stderr)
     missing = {tuple(line.split()[1:]) for line in other if line.startswith("no-kernel")}
-    expected = [(b, i) for i in indices for b in ("fa2", "cudnn") if (b, str(i)) not in missing]
+    expected = [(b, i) for i in problems for b in ("fa2", "cudnn") if (b, i) not in missing]
+    # Where a backend has no kernel for a problem, the other's runs of consecutive problems
+    # merge: split such a run evenly among the problems it holds.
+    groups, at = [], 0
+    for backend, times in runs:
+        n = 1
+        while at + n < len(expected) and expected[at + n][0] == backend:
+            n += 1
+        size = len(times) // n if len(times) % n == 0 else len(times)
+        groups += [(backend, times[j:j + size]) for j in range(0, len(times), size)]
+        at += n
     if [g[0] for g in groups] != [b for b, _ in expected]:
         sys.exit(f"unexpected kernel sequence: {[(g[0], len(g[1])) for g in groups]}, expected {expected}")
     times = {(b, i): sum(g[1]) / CALLS for (b, i), g in zip(expected, groups)}
-    return {i: (times.get(("fa2", i)), times.get(("cudnn", i))) for i in indices}
+    return {i: (times.get(("fa2", i)), times.get(("cudnn", i))) for i in problems}
 
 
 def main():
     if sys.argv[1] == "--torch-worker":
-        torch_worker(parse(sys.argv[2]))
+        torch_worker(sys.argv[2].split(","))
         return
     if sys.argv[1] == "--ours":
         compare_builds(sys.argv[2].split(","), sys.argv[3].split(","))
         return
-    binary, indices = sys.argv[1], parse(sys.argv[2] if len(sys.argv) > 2 else "0-3,11-15,20")
-    theirs = torch_times(indices)
-    print("| # | H | D | L | ours µs | FA2 varlen µs | cuDNN µs | vs FA2 | vs cuDNN |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    binary, problems = sys.argv[1], parse_problems(sys.argv[2] if len(sys.argv) > 2 else "0-3,11-15,20")
+    theirs = torch_times(problems)
+    print("| problem | H | D | L | N | ours µs | FA2 varlen µs | cuDNN µs | vs FA2 | vs cuDNN |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     records = []
-    for index in indices:
-        heads, dim, length = SHAPES[index]
-        mine, split = ours(binary, index)
-        fa2, cudnn = theirs[index]
+    for problem in problems:
+        heads, dim, length, sequences = problem_shape(problem)
+        mine, split = ours(binary, int(problem) if problem.isdigit() else problem)
+        fa2, cudnn = theirs[problem]
         time = lambda us: "no kernel" if us is None else f"{us:.1f}"  # noqa: E731
         ratio = lambda us: "-" if us is None else f"{us / mine:.2f}x"  # noqa: E731
-        print(f"| {index} | {heads} | {dim} | {length} | {mine:.1f}{' (split)' if split else ''} | {time(fa2)} | "
+        print(f"| {problem} | {heads} | {dim} | {length} | {sequences} | {mine:.1f}{' (split)' if split else ''} | {time(fa2)} | "
               f"{time(cudnn)} | {ratio(fa2)} | {ratio(cudnn)} |", flush=True)
-        records.append({"shape": index, "ours_us": mine, "split": split, "fa2_us": fa2, "cudnn_us": cudnn})
+        records.append({"problem": problem, "ours_us": mine, "split": split, "fa2_us": fa2, "cudnn_us": cudnn})
     for record in records:
         print(json.dumps(record))
 
