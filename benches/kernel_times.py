@@ -79,7 +79,7 @@ def compare_builds(binaries, problems):
 
 def problem_shape(problem):
     """(heads, dim, length, sequences) of a seed shape's index or a custom `HxDxL[xN]`."""
-    if isinstance(problem, int) or problem.isdigit():
+    if problem.isdigit():
         return (*SHAPES[int(problem)], 1)
     parts = [int(x) for x in problem.split("x")]
     return (*parts, 1) if len(parts) == 3 else tuple(parts)
@@ -128,9 +128,9 @@ def torch_worker(problems):
 
 
 def torch_times(problems):
-    """{shape: (FA2 µs, cuDNN µs or None)} per call: the profiled ranges hold CALLS FA2 calls
-    (kernels named flash) then CALLS cuDNN calls (every other kernel) per shape, in order,
-    but for backends that have no kernel for a shape."""
+    """{problem: (FA2 µs, cuDNN µs or None)} per call: the profiled ranges hold CALLS FA2 calls
+    (kernels named flash) then CALLS cuDNN calls (every other kernel) per problem, in order,
+    but for backends that have no kernel for a problem."""
     found, other = kernels([sys.executable, os.path.abspath(__file__), "--torch-worker", ",".join(problems)],
                     ["--profile-from-start", "off"])
     runs = []  # runs of consecutive kernels of one backend
@@ -164,7 +164,7 @@ def main():
         torch_worker(sys.argv[2].split(","))
         return
     if sys.argv[1] == "--ours":
-        compare_builds(sys.argv[2].split(","), sys.argv[3].split(","))
+        compare_builds(sys.argv[2].split(","), parse_problems(sys.argv[3]))
         return
     binary, problems = sys.argv[1], parse_problems(sys.argv[2] if len(sys.argv) > 2 else "0-3,11-15,20")
     theirs = torch_times(problems)

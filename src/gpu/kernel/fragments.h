@@ -21,11 +21,12 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
 }
 
 // One key tile of the online softmax: soft-cap (in base-2 units), masked keys to -inf where
-// `masked` (this thread's first column holds key `key0`; keys below `key_floor` repeat the
-// tile before's, as in a last tile loaded flush with the sequence's end), the new row maxima, and then `s` becomes the probabilities exp2(s · factor - max ·
-// factor) (one FMA and one ex2 each) while the row sums are rescaled by the change of the maxima,
-// which `alpha` returns for the output (`va_rescale_fragment`). Scores stay in `factor` units:
-// factor is scale · log2(e), or 1 with a soft-cap.
+// `masked` (this thread's first column holds key `key0`; keys below `key_floor` repeat the tile
+// before's, as in a last tile loaded flush with the sequence's end), the new row maxima, and
+// then `s` becomes the probabilities exp2(s · factor - max · factor) (one FMA and one ex2 each)
+// while the row sums are rescaled by the change of the maxima, which `alpha` returns for the
+// output (`va_rescale_fragment`). Scores stay in `factor` units: factor is scale · log2(e), or
+// 1 with a soft-cap.
 //
 // Large finite scores: the fused fma(s, factor, -max · factor) keeps the rounding error of
 // max · factor, up to half an ulp of the logit, which exp2 turns into inf or 0 for every score

@@ -156,6 +156,16 @@ VA_DEVICE int va_phase(int i) { return (i / VA_STAGES) & 1; }
 VA_DEVICE int va_q_buffer(int round) { return round % VA_Q_BUFFERS; }
 VA_DEVICE int va_q_phase(int round) { return (round / VA_Q_BUFFERS) & 1; }
 
+// The first key of key tile j's copy in shared memory: j · BLOCK_N, but where a sequence of
+// at least BLOCK_N keys ends inside the tile and tensor maps exist, its last BLOCK_N keys, so
+// that the tile comes by TMA, flush with the sequence's end, instead of by cp.async with
+// zero-fill (a cold path that cost small problems up to a microsecond); its first rows repeat
+// keys of the tile before, which the softmax masks (`key_floor`). Both warpgroups ask this.
+VA_DEVICE int va_key_tile_start(const VaTile& tile, int j, bool tma) {
+    const int key0 = j * VA_BLOCK_N;
+    return tma && key0 + VA_BLOCK_N > tile.lk && tile.lk >= VA_BLOCK_N ? tile.lk - VA_BLOCK_N : key0;
+}
+
 // The copying warpgroup: for each of the block's tiles, streams Q (as soon as every computing
 // warp has the previous tile's last scores), then its K and V tiles into the stages, each
 // into a stage as soon as every computing warp has finished reading it: the next tile's Q and
@@ -171,16 +181,6 @@ VA_DEVICE int va_q_phase(int round) { return (round / VA_Q_BUFFERS) & 1; }
 // first copying thread (with the TMA bytes it expects) and one per copying thread's cp.async.
 // V's partly used last slab comes by TMA too: the box's columns past the head's are out of the
 // tensor, which TMA fills with zeros (and counts in the bytes).
-// The first key of key tile j's copy in shared memory: j · BLOCK_N, but where a sequence of
-// at least BLOCK_N keys ends inside the tile and tensor maps exist, its last BLOCK_N keys, so
-// that the tile comes by TMA, flush with the sequence's end, instead of by cp.async with
-// zero-fill (a cold path that cost small problems up to a microsecond); its first rows repeat
-// keys of the tile before, which the softmax masks (`key_floor`). Both warpgroups ask this.
-VA_DEVICE int va_key_tile_start(const VaTile& tile, int j, bool tma) {
-    const int key0 = j * VA_BLOCK_N;
-    return tma && key0 + VA_BLOCK_N > tile.lk && tile.lk >= VA_BLOCK_N ? tile.lk - VA_BLOCK_N : key0;
-}
-
 // Key (or value) tile i of the tile, the block's n-th, into its stage (a VaCoreTile T), by the
 // copying warpgroup.
 template <typename T>
