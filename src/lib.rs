@@ -217,7 +217,7 @@ fn execute<T: Element>(
     mut out: ArrayViewMut3<T>,
     mut lse: Option<ArrayViewMut2<f32>>,
 ) -> Result<(), Error> {
-    problem.check_magnitudes(q.view(), k.view(), v.view())?;
+    let magnitudes = problem.check_magnitudes(q.view(), k.view(), v.view())?;
     match params.backend {
         Backend::Gpu => return gpu::forward(problem, q, k, v, out, lse),
         Backend::Auto if gpu::is_usable(T::DTYPE) => {
@@ -242,7 +242,7 @@ fn execute<T: Element>(
         out: RowsMut::new(&mut out),
         lse: lse.as_mut().map(LseMut::new),
     };
-    cpu::forward(problem, io, params.cpu_isa)
+    cpu::forward(problem, io, params.cpu_isa, magnitudes)
 }
 
 /// Turns a dynamic-rank view (as read from a file) into the rank-3 view the entry points take,

@@ -188,13 +188,14 @@ impl<'a> Problem<'a> {
     }
 
     /// Checks that the finite inputs stay inside f32's range in the fast paths' arithmetic
-    /// (see [`F32_EDGE`]); non-finite values are left to their own semantics.
+    /// (see [`F32_EDGE`]); non-finite values are left to their own semantics. Returns what the
+    /// scan found out about the bf16 matrix instructions (see [`Magnitudes`]).
     pub fn check_magnitudes<T: Element>(
         &self,
         q: ArrayView3<T>,
         k: ArrayView3<T>,
         v: ArrayView3<T>,
-    ) -> Result<(), Error> {
+    ) -> Result<Magnitudes, Error> {
         // The factors applied to every score: scale · log2(e) to base-2 logits, or
         // scale / softcap inside the tanh.
         let scale = 2.0 * self.scale_exact;
@@ -210,22 +211,29 @@ impl<'a> Problem<'a> {
         let longest_keys = (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64;
         let score_factor = self.head_dim as f64 * scale.max(1.0);
         // The element type's largest finite value bounds every magnitude: when even that stays
-        // inside the edge (f16 with moderate scales), the inputs need not be read.
+        // inside the edge (f16 with moderate scales), the inputs need not be read. Only bf16
+        // input reaches the bf16 matrix instructions, so only bf16 needs the flush question.
         let type_max = T::DTYPE.max_finite();
-        if score_factor * type_max * type_max < F32_EDGE && longest_keys * type_max < F32_EDGE {
-            return Ok(());
+        let bf16 = T::DTYPE == crate::DType::BF16;
+        if !bf16 && score_factor * type_max * type_max < F32_EDGE && longest_keys * type_max < F32_EDGE {
+            return Ok(Magnitudes { bf16_products_exact: true });
         }
-        let scores = score_factor * max_finite_magnitude(q) * max_finite_magnitude(k);
+        let (max_q, max_k) = (scan(q, 0.0).max, scan(k, 0.0).max);
+        let scores = score_factor * max_q * max_k;
         if scores >= F32_EDGE {
             return Err(Error::BeyondF32 {
                 quantity: "head_dim · max|q| · max|k| · max(1, 2·scale)", value: scores
             });
         }
-        let sums = longest_keys * max_finite_magnitude(v);
+        let values = scan(v, if bf16 { BF16_PRODUCTS_V_FLOOR } else { 0.0 });
+        let sums = longest_keys * values.max;
         if sums >= F32_EDGE {
             return Err(Error::BeyondF32 { quantity: "max|v| · the longest key sequence", value: sums });
         }
-        Ok(())
+        // Every flushed term of a score is below 2^-126 times the larger of 1, |q_d| and |k_d|
+        // (a product, a partial sum, or a subnormal input times its partner).
+        let score_flush = self.scale_exact * self.head_dim as f64 * (2.0 + max_q + max_k) * F32_MIN_NORMAL;
+        Ok(Magnitudes { bf16_products_exact: !values.below_floor && score_flush <= BF16_PRODUCTS_SCORE_FLUSH })
     }
 
     /// Checks that a kernel which multiplies whole key tiles (the GPU's) computes this problem
@@ -267,38 +275,92 @@ pub const F32_EDGE: f64 = 8.507_059_173_023_462e37;
 
 const _: () = assert!(F32_EDGE == (1u128 << 126) as f64);
 
-/// The largest finite `|x|` (0 when there is none).
+/// What [`Problem::check_magnitudes`] learnt besides the edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Magnitudes {
+    /// Whether hardware bf16 products (AVX-512 BF16's `vdpbf16ps`, AMX's `tdpbf16ps`) compute
+    /// this problem within the oracle's bound. They treat subnormal inputs as zero and flush
+    /// subnormal results whatever MXCSR says, so values of `v` below
+    /// [`BF16_PRODUCTS_V_FLOOR`], or scores whose flushed terms a huge scale (or a huge partner
+    /// of a subnormal input) magnifies past [`BF16_PRODUCTS_SCORE_FLUSH`], go to the f32 path.
+    pub bf16_products_exact: bool,
+}
+
+/// Nonzero `|v|` below this (`2^-96`) may lose products to the flush: a row's flushed
+/// products and partial sums total below `2n · 2^-126`, which stays under `2^-29 · n · max|v|`
+/// (far inside the bound's `3n · 2^-24 · max|v|`) only while every nonzero `|v|` reaches it.
+pub(crate) const BF16_PRODUCTS_V_FLOOR: f64 = 1.0 / (1u128 << 96) as f64;
+
+/// The largest logit error (natural units) the flushed terms of a score may cause on the bf16
+/// products, `2^-32`: far inside the bound's `(32 + 3n) · 2^-24`.
+const BF16_PRODUCTS_SCORE_FLUSH: f64 = 1.0 / (1u64 << 32) as f64;
+
+/// f32's smallest normal number, `2^-126`.
+const F32_MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;
+
+/// What one pass over a tensor finds.
+struct Scan {
+    /// The largest finite `|x|` (0 when there is none).
+    max: f64,
+    /// Whether some finite `|x|` lies in `(0, floor)`.
+    below_floor: bool,
+}
+
+/// The largest finite `|x|` and whether some nonzero finite `|x|` lies below `floor`.
 ///
 /// Magnitudes compare as their bit patterns with the sign cleared; those with an exponent of
-/// all ones (infinity, NaN) are left out. Lane-wise integer maxima over fixed chunks, which
-/// vectorise.
-fn max_finite_magnitude<T: Element>(x: ArrayView3<T>) -> f64 {
-    macro_rules! largest {
+/// all ones (infinity, NaN) are left out. The smallest nonzero magnitude is tracked as the
+/// minimum of `magnitude - 1` (zero wraps to the largest pattern). Lane-wise integer maxima and
+/// minima over fixed chunks, which vectorise.
+fn scan<T: Element>(x: ArrayView3<T>, floor: f64) -> Scan {
+    macro_rules! scan_bits {
         ($bits:ty, $magnitude:expr, $all_ones:expr) => {{
             let (magnitude, all_ones): ($bits, $bits) = ($magnitude, $all_ones);
             let finite = |b: $bits| if b & magnitude < all_ones { b & magnitude } else { 0 };
-            let bits: $bits = match x.as_slice_memory_order() {
+            let (largest, smallest_less_one): ($bits, $bits) = match x.as_slice_memory_order() {
                 Some(s) => {
                     let s = bytemuck::cast_slice::<T, $bits>(s);
-                    let mut lanes = [0 as $bits; 32];
+                    let mut largest = [0 as $bits; 32];
+                    let mut smallest = [<$bits>::MAX; 32];
                     let mut chunks = s.chunks_exact(32);
                     for chunk in &mut chunks {
-                        for (l, &b) in lanes.iter_mut().zip(chunk) {
-                            *l = (*l).max(finite(b));
+                        for i in 0..32 {
+                            let m = finite(chunk[i]);
+                            largest[i] = largest[i].max(m);
+                            smallest[i] = smallest[i].min(m.wrapping_sub(1));
                         }
                     }
-                    chunks.remainder().iter().fold(lanes.into_iter().max().unwrap_or(0), |m, &b| m.max(finite(b)))
+                    let init =
+                        (largest.into_iter().max().unwrap_or(0), smallest.into_iter().min().unwrap_or(<$bits>::MAX));
+                    chunks
+                        .remainder()
+                        .iter()
+                        .fold(init, |(l, s), &b| (l.max(finite(b)), s.min(finite(b).wrapping_sub(1))))
                 }
-                None => x.iter().fold(0, |m, e| m.max(finite(bytemuck::cast(*e)))),
+                None => x.iter().fold((0, <$bits>::MAX), |(l, s), e| {
+                    let m = finite(bytemuck::cast(*e));
+                    (l.max(m), s.min(m.wrapping_sub(1)))
+                }),
             };
-            bits
+            (largest, smallest_less_one.checked_add(1))
         }};
     }
-    match T::DTYPE {
-        crate::DType::BF16 => half::bf16::from_bits(largest!(u16, 0x7fff, 0x7f80)).to_f64(),
-        crate::DType::F16 => half::f16::from_bits(largest!(u16, 0x7fff, 0x7c00)).to_f64(),
-        crate::DType::F32 => f32::from_bits(largest!(u32, 0x7fff_ffff, 0x7f80_0000)) as f64,
-    }
+    // The smallest nonzero finite magnitude, as f64 (None when there is none).
+    let (max, smallest) = match T::DTYPE {
+        crate::DType::BF16 => {
+            let (l, s) = scan_bits!(u16, 0x7fff, 0x7f80);
+            (half::bf16::from_bits(l).to_f64(), s.map(|s| half::bf16::from_bits(s).to_f64()))
+        }
+        crate::DType::F16 => {
+            let (l, s) = scan_bits!(u16, 0x7fff, 0x7c00);
+            (half::f16::from_bits(l).to_f64(), s.map(|s| half::f16::from_bits(s).to_f64()))
+        }
+        crate::DType::F32 => {
+            let (l, s) = scan_bits!(u32, 0x7fff_ffff, 0x7f80_0000);
+            (f32::from_bits(l) as f64, s.map(|s| f32::from_bits(s) as f64))
+        }
+    };
+    Scan { max, below_floor: smallest.is_some_and(|s| s < floor) }
 }
 
 fn positive_finite(name: &'static str, value: f32) -> Result<f32, Error> {

@@ -46,6 +46,65 @@ fn huge_scales_give_the_oracle_answer() {
     }
 }
 
+/// Magnitudes where hardware bf16 products (AVX-512 BF16's `vdpbf16ps`, AMX's `tdpbf16ps`)
+/// treat subnormal inputs as zero and flush subnormal results: bf16 q, k uniform in [-1, 1), v
+/// of magnitude `m` down to bf16's smallest subnormal, with and without a causal mask. Before
+/// the fix the bf16 paths left the bound from m = 1e-37 (AVX-512 BF16) and m = 1e-36 (`Auto`).
+#[test]
+fn tiny_values_give_the_oracle_answer() {
+    for m in [1e-20, 1e-30, 1e-36, 1e-37, 3e-38, 1e-39, 1e-40, 2e-41] {
+        let mut rng = Rng::new(3);
+        let q = uniform::<bf16>(&mut rng, (40, 2, 64), 2.0);
+        let k = uniform::<bf16>(&mut rng, (40, 2, 64), 2.0);
+        let v = uniform::<bf16>(&mut rng, (40, 2, 64), 2.0 * m);
+        for causal in [false, true] {
+            let p = Params { causal, ..Params::default() };
+            check_paths(&cpu::<bf16>(), &q, &k, &v, &[40], &[40], &p).unwrap();
+            let (q32, k32, v32) = (q.mapv(|x| x.to_f32()), k.mapv(|x| x.to_f32()), v.mapv(|x| x.to_f32()));
+            check_paths(&cpu::<f32>(), &q32, &k32, &v32, &[40], &[40], &p).unwrap();
+        }
+    }
+}
+
+/// One row's tolerance follows the values it sees: a sequence of tiny values beside one of
+/// ordinary values in the same call, and under a causal mask the first keys tiny, the rest
+/// ordinary.
+#[test]
+fn tiny_values_beside_ordinary_ones() {
+    let mut rng = Rng::new(4);
+    let q = uniform::<bf16>(&mut rng, (64, 2, 32), 2.0);
+    let k = uniform::<bf16>(&mut rng, (64, 2, 32), 2.0);
+    let mut v = uniform::<bf16>(&mut rng, (64, 2, 32), 2.0);
+    for t in 0..24 {
+        for h in 0..2 {
+            for d in 0..32 {
+                v[[t, h, d]] = bf16::from_f32(v[[t, h, d]].to_f32() * 1e-38);
+            }
+        }
+    }
+    for causal in [false, true] {
+        let p = Params { causal, ..Params::default() };
+        check_paths(&cpu::<bf16>(), &q, &k, &v, &[24, 40], &[24, 40], &p).unwrap();
+        check_paths(&cpu::<bf16>(), &q, &k, &v, &[64], &[64], &p).unwrap();
+    }
+}
+
+/// Scores whose products fall below f32's normal range, scaled back up by a huge scale: tiny q
+/// and k with scales up to 1e35, and subnormal q against large k.
+#[test]
+fn tiny_scores_under_huge_scales() {
+    for (mq, mk, scale) in [(1e-20, 1e-20, 1e35f32), (1e-25, 1e-15, 1e30), (1e-39, 1e15, 1e20), (1e-40, 1e-2, 1e36)] {
+        let mut rng = Rng::new(5);
+        let q = uniform::<bf16>(&mut rng, (30, 2, 64), mq);
+        let k = uniform::<bf16>(&mut rng, (30, 1, 64), mk);
+        let v = uniform::<bf16>(&mut rng, (30, 1, 64), 2.0);
+        for causal in [false, true] {
+            let p = Params { causal, softmax_scale: Some(scale), ..Params::default() };
+            check_paths(&cpu::<bf16>(), &q, &k, &v, &[30], &[30], &p).unwrap();
+        }
+    }
+}
+
 /// Past the edge the fast paths refuse, naming the bound, and the oracle still answers.
 #[test]
 fn inputs_beyond_the_edge_are_refused() {
@@ -97,21 +156,23 @@ fn inputs_beyond_the_edge_are_refused() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
-    /// f32 magnitudes from 1e-30 to past the edge (1e20: scores of 1e40 and more).
+    /// f32 magnitudes from its subnormals (1e-44) to past the edge (1e20: scores of 1e40 and
+    /// more).
     #[test]
-    fn f32_magnitudes_across_the_finite_range(case in extreme(-30.0, 20.0)) {
+    fn f32_magnitudes_across_the_finite_range(case in extreme(-44.0, 20.0)) {
         check_extreme::<f32>(&case, &cpu::<f32>())?;
     }
 
-    /// bf16 has f32's exponent range.
+    /// bf16 has f32's exponent range (its smallest subnormal is 9.2e-41).
     #[test]
-    fn bf16_magnitudes_across_the_finite_range(case in extreme(-30.0, 20.0)) {
+    fn bf16_magnitudes_across_the_finite_range(case in extreme(-40.0, 20.0)) {
         check_extreme::<bf16>(&case, &cpu::<bf16>())?;
     }
 
-    /// f16's normal range is 6e-5 to 65504; only the scale can take it to the edge.
+    /// f16's normal range is 6e-5 to 65504 (subnormals down to 6e-8); only the scale can take it
+    /// to the edge.
     #[test]
-    fn f16_magnitudes_across_the_finite_range(case in extreme(-4.0, 4.8)) {
+    fn f16_magnitudes_across_the_finite_range(case in extreme(-7.2, 4.8)) {
         check_extreme::<f16>(&case, &cpu::<f16>())?;
     }
 }

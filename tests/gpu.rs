@@ -205,19 +205,55 @@ fn windows_wider_than_the_sequence_are_no_window_on_the_gpu() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: cases(48), ..ProptestConfig::default() })]
 
-    /// Large finite score gaps (magnitudes 1e-30 to past the edge, scales up to 1e30, with
-    /// soft-caps and causal masks): the oracle's answer or `Error::BeyondF32`, never inf/NaN.
+    /// Large finite score gaps (magnitudes from bf16's subnormals to past the edge, scales up
+    /// to 1e30, with soft-caps and causal masks): the oracle's answer or `Error::BeyondF32`,
+    /// never inf/NaN.
     #[test]
-    fn extreme_magnitudes_on_the_gpu(case in extreme(-30.0, 20.0)) {
+    fn extreme_magnitudes_on_the_gpu(case in extreme(-40.0, 20.0)) {
         if device().is_some() {
             check_extreme::<bf16>(&case, &GPU)?;
         }
     }
 
+    /// f16 from its subnormals (6e-8) to its largest values.
     #[test]
-    fn extreme_f16_magnitudes_on_the_gpu(case in extreme(-4.0, 4.8)) {
+    fn extreme_f16_magnitudes_on_the_gpu(case in extreme(-7.2, 4.8)) {
         if device().is_some() {
             check_extreme::<f16>(&case, &GPU)?;
+        }
+    }
+}
+
+/// Values where tensor cores could flush: bf16 `v` near f32's smallest normal (1e-37 to
+/// bf16's subnormals), f16 `v` in f16's subnormal range (below 6.1e-5), and subnormal f16 q
+/// under a large scale; with and without a causal mask, one sequence long enough to split.
+#[test]
+fn tiny_values_on_the_gpu() {
+    if device().is_none() {
+        return;
+    }
+    let lengths = [40, 700];
+    let tokens = lengths.iter().sum();
+    for m in [1e-30, 1e-37, 3e-38, 1e-39, 1e-40] {
+        let mut rng = common::Rng::new(10);
+        let q = uniform::<bf16>(&mut rng, (tokens, 2, 64), 2.0);
+        let k = uniform::<bf16>(&mut rng, (tokens, 2, 64), 2.0);
+        let v = uniform::<bf16>(&mut rng, (tokens, 2, 64), 2.0 * m);
+        for causal in [false, true] {
+            let p = Params { causal, ..Params::default() };
+            check_paths(&GPU, &q, &k, &v, &lengths, &lengths, &p).unwrap();
+        }
+    }
+    for (mq, mv, scale) in
+        [(2.0, 1e-4, None), (2.0, 1e-5, None), (2.0, 1e-6, None), (2.0, 1e-7, None), (1e-5, 2.0, Some(1e4f32))]
+    {
+        let mut rng = common::Rng::new(11);
+        let q = uniform::<f16>(&mut rng, (tokens, 2, 64), mq);
+        let k = uniform::<f16>(&mut rng, (tokens, 2, 64), 2.0);
+        let v = uniform::<f16>(&mut rng, (tokens, 2, 64), mv);
+        for causal in [false, true] {
+            let p = Params { causal, softmax_scale: scale, ..Params::default() };
+            check_paths(&GPU, &q, &k, &v, &lengths, &lengths, &p).unwrap();
         }
     }
 }

@@ -36,7 +36,7 @@ pub(crate) use driver::Io;
 use crate::element::Element;
 use crate::error::Error;
 use crate::params::CpuIsa;
-use crate::problem::Problem;
+use crate::problem::{Magnitudes, Problem};
 use driver::WorkItem;
 use fma::FmaKernel;
 use pulp::{Simd, WithSimd};
@@ -98,7 +98,16 @@ pub(crate) fn resolved_isa<T: Element>(isa: CpuIsa, amx_worth_it: bool) -> CpuIs
 }
 
 /// Runs a validated problem on the CPU with the instruction set `isa`.
-pub(crate) fn forward<T: Element>(problem: &Problem, io: Io<T>, isa: CpuIsa) -> Result<(), Error> {
+///
+/// The bf16 matrix instructions (AMX, AVX-512 BF16) flush subnormal inputs and results to
+/// zero; where `magnitudes` says that could move the answer (tiny values, or tiny scores under
+/// a huge scale), their calls run on the f32 kernel of the same CPU (AVX-512) instead.
+pub(crate) fn forward<T: Element>(
+    problem: &Problem,
+    io: Io<T>,
+    isa: CpuIsa,
+    magnitudes: Magnitudes,
+) -> Result<(), Error> {
     // Tiny problems skip AMX under `Auto`: configuring the tiles costs more than their work.
     let isa = resolved_isa::<T>(isa, work(problem) >= AMX_MIN_WORK);
     let unavailable = || Error::IsaUnavailable { isa: isa.name() };
@@ -119,10 +128,14 @@ pub(crate) fn forward<T: Element>(problem: &Problem, io: Io<T>, isa: CpuIsa) -> 
                 });
             }
             let simd = pulp::x86::V4::try_new().ok_or_else(unavailable)?;
-            if isa == CpuIsa::Amx {
-                run(simd, amx::AmxKernel::<T>::try_new().ok_or_else(unavailable)?, problem, &io);
-            } else {
-                run(simd, bf16dot::Bf16DotKernel::<T>::try_new().ok_or_else(unavailable)?, problem, &io);
+            let amx = amx::AmxKernel::<T>::try_new();
+            let bf16dot = bf16dot::Bf16DotKernel::<T>::try_new();
+            match (isa, amx, bf16dot) {
+                (CpuIsa::Amx, None, _) | (CpuIsa::Avx512Bf16, _, None) => return Err(unavailable()),
+                _ if !magnitudes.bf16_products_exact => Portable { problem, io: &io }.with_simd(simd),
+                (CpuIsa::Amx, Some(kernel), _) => run(simd, kernel, problem, &io),
+                (_, _, Some(kernel)) => run(simd, kernel, problem, &io),
+                _ => unreachable!("every unavailable case returned above"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -304,5 +317,80 @@ impl<T: Element, K: TileKernel<T>> WithSimd for Attend<'_, '_, '_, '_, T, K> {
         // disjoint token ranges (validated cu_seqlens), heads are distinct, and the query blocks
         // of one sequence are disjoint. No two items run on the same rows.
         unsafe { driver::attend(self.kernel, self.problem, self.io, self.item, self.kv, self.carver) }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::layout::{Rows, RowsMut};
+    use crate::params::Params;
+    use half::bf16;
+    use ndarray::Array3;
+
+    /// Runs the bf16 matrix kernels as they are, whatever the flush question says.
+    fn forced_bf16_products(
+        q: &Array3<bf16>,
+        k: &Array3<bf16>,
+        v: &Array3<bf16>,
+        cu: &[i32],
+        isa: CpuIsa,
+    ) -> Array3<bf16> {
+        let problem = Problem::new(
+            [q.dim().0, q.dim().1, q.dim().2],
+            k.shape().try_into().unwrap(),
+            v.shape().try_into().unwrap(),
+            cu,
+            cu,
+            &Params::default(),
+        )
+        .unwrap();
+        let mut out = Array3::from_elem(problem.out_shape(), bf16::ZERO);
+        let (qv, kv, vv) = (q.view(), k.view(), v.view());
+        let mut out_view = out.view_mut();
+        let io =
+            Io { q: Rows::new(&qv), k: Rows::new(&kv), v: Rows::new(&vv), out: RowsMut::new(&mut out_view), lse: None };
+        forward(&problem, io, isa, Magnitudes { bf16_products_exact: true }).unwrap();
+        out
+    }
+
+    /// The floor is where it says: with every nonzero `|v|` at `2^-96` to `2^-95` the bf16
+    /// products, flushes and all, stay inside the oracle's bound, and the scan lets them run.
+    #[test]
+    fn bf16_products_are_exact_down_to_the_v_floor() {
+        let floor = crate::problem::BF16_PRODUCTS_V_FLOOR;
+        let mut seed = 7u64;
+        let mut uniform = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (seed >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let (tokens, d) = (96, 64);
+        let q = Array3::from_shape_simple_fn((tokens, 2, d), || bf16::from_f64(uniform() * 2.0 - 1.0));
+        let k = Array3::from_shape_simple_fn((tokens, 2, d), || bf16::from_f64(uniform() * 2.0 - 1.0));
+        let v = Array3::from_shape_simple_fn((tokens, 2, d), || {
+            let sign = if uniform() < 0.5 { -1.0 } else { 1.0 };
+            bf16::from_f64(sign * floor * (1.0 + uniform()))
+        });
+        let cu = [0, 40, tokens as i32];
+        let problem =
+            Problem::new([tokens, 2, d], [tokens, 2, d], [tokens, 2, d], &cu, &cu, &Params::default()).unwrap();
+        assert!(problem.check_magnitudes(q.view(), k.view(), v.view()).unwrap().bf16_products_exact);
+        let reference = crate::oracle::reference(q.view(), k.view(), v.view(), &cu, &cu, &Params::default()).unwrap();
+        for isa in [CpuIsa::Avx512Bf16, CpuIsa::Amx] {
+            let available = match isa {
+                CpuIsa::Amx => amx::AmxKernel::<bf16>::try_new().is_some(),
+                _ => bf16dot::Bf16DotKernel::<bf16>::try_new().is_some(),
+            };
+            if !available {
+                eprintln!("note: skipping the {} path: this CPU lacks it", isa.name());
+                continue;
+            }
+            let out = forced_bf16_products(&q, &k, &v, &cu, isa);
+            let report = reference.compare(out.view());
+            assert!(report.worst.is_none(), "{isa:?}: {report}");
+        }
+        // Half the floor (some products now flushed to no purpose) goes to the f32 kernel.
+        let below = v.mapv(|x| bf16::from_f64(x.to_f64() / 2.0));
+        assert!(!problem.check_magnitudes(q.view(), k.view(), below.view()).unwrap().bf16_products_exact);
     }
 }

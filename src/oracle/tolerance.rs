@@ -34,9 +34,10 @@
 //! absolute term relative to `max |v|`. The LSE (`m + ln Σ p`, computed in f32) is within
 //! `3δ + (16 + 2n) u + 2 ulp_f32(lse)`.
 //!
-//! Not covered: inputs with subnormal values (hardware bf16 dot products treat them as zero),
-//! and inputs beyond the edge of f32 ([`F32_EDGE`](crate::F32_EDGE)), which the fast paths
-//! refuse.
+//! Not covered: inputs beyond the edge of f32 ([`F32_EDGE`](crate::F32_EDGE)), which the fast
+//! paths refuse. Tiny values are covered: hardware bf16 products (AVX-512 BF16, AMX) treat
+//! subnormal inputs as zero and flush subnormal results, and the calls where that could move
+//! an answer past this bound run on the f32 kernel instead (`problem.rs`, `Magnitudes`).
 
 use super::{Reference, RowBound};
 use crate::element::{DType, Element};
