@@ -2,7 +2,8 @@
 //! problem: the tensors' addresses into a plan, the plan through the vendor's runtime.
 
 use super::cuda::CudaDevice;
-use super::hip::{HipBuffer, HipDevice};
+use super::hip::HipDevice;
+use super::memory::{buffer_of, upload_to, Raw};
 use super::plan::{Gpu, Operand, Operands, Plan};
 use super::runtime::{self, Runtime};
 use super::tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
@@ -13,7 +14,6 @@ use crate::problem::Problem;
 use core::marker::PhantomData;
 use core::sync::atomic::{AtomicU64, Ordering};
 use cudarc::driver::CudaGraph;
-use cudarc::driver::CudaSlice;
 
 /// One GPU and the stream the calls are queued on.
 ///
@@ -36,42 +36,6 @@ enum Vendor {
     Hip(HipDevice),
 }
 
-/// The memory of a [`DeviceBuffer`], as its vendor's runtime allocated it.
-pub(crate) enum Raw {
-    Cuda(CudaSlice<u8>),
-    Hip(HipBuffer),
-}
-
-/// A vendor's runtime, and how its buffers sit in a [`Raw`].
-trait VendorRuntime: Runtime {
-    fn wrap(buffer: Self::Buffer) -> Raw;
-    fn unwrap(raw: &Raw) -> Option<&Self::Buffer>;
-}
-
-impl VendorRuntime for CudaDevice {
-    fn wrap(buffer: CudaSlice<u8>) -> Raw {
-        Raw::Cuda(buffer)
-    }
-    fn unwrap(raw: &Raw) -> Option<&CudaSlice<u8>> {
-        match raw {
-            Raw::Cuda(b) => Some(b),
-            Raw::Hip(_) => None,
-        }
-    }
-}
-
-impl VendorRuntime for HipDevice {
-    fn wrap(buffer: HipBuffer) -> Raw {
-        Raw::Hip(buffer)
-    }
-    fn unwrap(raw: &Raw) -> Option<&HipBuffer> {
-        match raw {
-            Raw::Hip(b) => Some(b),
-            Raw::Cuda(_) => None,
-        }
-    }
-}
-
 /// Runs `$body` with `$runtime` bound to the device's runtime, whichever vendor's it is.
 macro_rules! on_runtime {
     ($device:expr, $runtime:ident => $body:expr) => {
@@ -80,16 +44,6 @@ macro_rules! on_runtime {
             Vendor::Hip($runtime) => $body,
         }
     };
-}
-
-/// `raw` as `runtime`'s buffer, or an error for another vendor's.
-fn buffer_of<'a, R: VendorRuntime>(_runtime: &R, raw: &'a Raw) -> Result<&'a R::Buffer, Error> {
-    R::unwrap(raw).ok_or_else(|| Error::Gpu("the buffer belongs to another kind of device".into()))
-}
-
-/// A new buffer of `runtime` holding `bytes`.
-fn upload_to<R: VendorRuntime>(runtime: &R, bytes: &[u8]) -> Result<Raw, Error> {
-    runtime.upload(bytes).map(R::wrap)
 }
 
 impl Device {

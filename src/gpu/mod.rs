@@ -19,10 +19,11 @@
 //! |---|---|
 //! | `call.rs` | `forward_device` and `forward_device_seqlens`: validation, then the device's run |
 //! | `tensor.rs` | device buffers and the tensors laid over them |
+//! | `memory.rs` | a buffer's memory as either vendor's runtime allocated it |
 //! | `device.rs` | `Device`: either vendor's runtime behind one type; a problem's run |
 //! | `staging.rs` | `forward` on host arrays: copies in, run, copies out |
 //! | `stub.rs` | the same API in builds without the `gpu` feature |
-//! | `plan.rs` | the kernel variant, grid, key splits and parameter block of a call |
+//! | `plan/` | the kernel variant, the tile and split rules, the parameter block, the plan of a call |
 //! | `runtime.rs` | what a vendor's runtime provides, and the one launch sequence |
 //! | `cuda.rs`, `hip.rs` | the NVIDIA (CUDA driver, NVRTC) and AMD (HIP, hipRTC) runtimes |
 //! | `tuning.rs` | the switches benchmarks use, read once |
@@ -38,6 +39,8 @@ mod cuda;
 mod device;
 #[cfg(feature = "gpu")]
 mod hip;
+#[cfg(feature = "gpu")]
+mod memory;
 #[cfg(feature = "gpu")]
 mod plan;
 #[cfg(feature = "gpu")]
@@ -58,6 +61,8 @@ mod workspace;
 
 #[cfg(not(feature = "gpu"))]
 use stub as device;
+#[cfg(not(feature = "gpu"))]
+use stub as memory;
 
 pub use call::{forward_device, forward_device_seqlens};
 pub use device::{Device, Graph};

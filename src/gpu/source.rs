@@ -130,11 +130,18 @@ pub fn compile_check_nvidia(major: i32, minor: i32) -> Result<usize, crate::Erro
     // Hopper builds both NVIDIA kernels (`VARLEN_ATTN_GPU_KERNEL=mma` selects the older one).
     let targets: &[Target] = if (major, minor) == (9, 0) { &[Target::Wgmma, Target::Mma] } else { &[Target::Mma] };
     let variants = compile_check_variants(targets);
-    for variant in &variants {
+    for (i, variant) in variants.iter().enumerate() {
         let options =
             cudarc::nvrtc::CompileOptions { options: nvrtc_options(variant, major, minor), ..Default::default() };
-        cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), options)
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(kernel_source(), options)
             .map_err(|e| crate::Error::Gpu(format!("sm_{major}{minor}: {variant:?}: {e}")))?;
+        // `VARLEN_ATTN_DUMP_PTX=folder` keeps every variant's PTX, so that a change meant to
+        // leave the generated code alone can be checked by comparing two folders.
+        if let Some(folder) = &super::tuning::Tuning::get().dump_ptx {
+            let path = folder.join(format!("sm{major}{minor}_{i:02}_{:?}.ptx", variant.target));
+            std::fs::write(&path, ptx.to_src())
+                .map_err(|e| crate::Error::Gpu(format!("could not write {}: {e}", path.display())))?;
+        }
     }
     Ok(variants.len())
 }

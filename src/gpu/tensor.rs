@@ -1,7 +1,7 @@
 //! Device memory and the tensors laid over it: what `forward_device` takes, with or without the
 //! `gpu` feature (without it, no buffer can be made).
 
-use super::device::Raw;
+use super::memory::Raw;
 use crate::error::Error;
 use core::marker::PhantomData;
 

@@ -11,6 +11,7 @@
 //! | `VARLEN_ATTN_GPU_BLOCK_N=192`, `=128` or `=64` | Hopper uses key tiles of that many keys (heads up to 128 wide) |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
 //! | `VARLEN_ATTN_GPU_MERGE=kernel` | NVIDIA combines key splits in a second kernel, as AMD does, not in the last split block of each row group |
+//! | `VARLEN_ATTN_GPU_ORDER=heads` | units of work take a query tile's heads one after another (heads inner), not each head's tiles |
 //! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
 
@@ -33,6 +34,8 @@ pub(crate) struct Tuning {
     pub merge_kernel: bool,
     /// Hopper launches a block per unit of work instead of a persistent grid.
     pub no_persistent: bool,
+    /// Units of work walk a query tile's heads first (`VA_HEADS_INNER`).
+    pub heads_inner: bool,
     pub dump_ptx: Option<PathBuf>,
 }
 
@@ -60,6 +63,7 @@ impl Tuning {
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
             merge_kernel: is("VARLEN_ATTN_GPU_MERGE", "kernel"),
             no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
+            heads_inner: is("VARLEN_ATTN_GPU_ORDER", "heads"),
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
         }
     }

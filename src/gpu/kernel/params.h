@@ -45,6 +45,9 @@
 #ifndef VA_Q_BUFFERS
 #define VA_Q_BUFFERS 1
 #endif
+#ifndef VA_HEADS_INNER
+#define VA_HEADS_INNER 0
+#endif
 // VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
 // registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM, and
 // with three computing warpgroups 128 · 32 + 384 · 160.

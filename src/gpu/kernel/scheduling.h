@@ -88,8 +88,13 @@ VA_DEVICE VaWork va_block_work(const VaParams& p, int tiles, int block) {
     const bool whole = block < p.whole_pairs;
     const int slot = block - p.whole_pairs;
     const int pair = whole ? block : p.whole_pairs + slot / p.splits;
+#if VA_HEADS_INNER
+    work.tile_index = pair / p.heads;
+    work.head = pair % p.heads;
+#else
     work.tile_index = pair % tiles;
     work.head = pair / tiles;
+#endif
     work.split = whole ? 0 : slot % p.splits;
     work.splits = whole ? 1 : p.splits;
     work.slot = whole ? -1 : slot;
