@@ -17,7 +17,8 @@
 //! takes the same time for a shallower tile) and head_dim_v to 16 columns (72 costs as 80).
 
 use super::pack_bf16;
-use super::softmax::{RowState, ScoreMap};
+use super::score::ScoreMap;
+use super::softmax::RowState;
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};

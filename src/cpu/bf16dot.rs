@@ -13,7 +13,8 @@
 //! head_dim is only padded to an even count, so 72 costs exactly 36 pair steps.
 
 use super::pack_bf16;
-use super::softmax::{RowState, ScoreMap};
+use super::score::ScoreMap;
+use super::softmax::RowState;
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};

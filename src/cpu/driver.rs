@@ -2,7 +2,8 @@
 //! rows once, stream the (already packed) key/value blocks through the kernel's two products and
 //! the online softmax, normalise, write the rows out.
 
-use super::softmax::{RowState, ScoreMap};
+use super::score::ScoreMap;
+use super::softmax::RowState;
 use super::tile::{round_up, TileKernel};
 use super::workspace::Carver;
 use crate::element::Element;

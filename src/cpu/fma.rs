@@ -19,7 +19,8 @@
 //! - V `[column group][key][MR]`: `MR` output columns broadcast per key;
 //! - the accumulator Oᵀ `[row tile][dv][R]`.
 
-use super::softmax::{self, RowState, ScoreMap};
+use super::score::ScoreMap;
+use super::softmax::{self, RowState};
 use super::tile::{round_up, TileKernel};
 use super::vector::{load, store};
 use crate::element::Element;

@@ -9,6 +9,7 @@
 //!   their bf16 packing;
 //! - `driver.rs`: the blocked loop of one work item; `kv_cache.rs` K/V packed once per call;
 //!   `workspace.rs` each thread's scratch;
+//! - `score.rs`: raw scores to logits (scale, soft-cap), for every path;
 //! - `softmax.rs` (f32) and `softmax_bf16.rs` (fused, bf16 probabilities) the online softmax,
 //!   `math.rs` its `exp2` and `tanh`, `vector.rs` unaligned vector loads and stores;
 //! - `peak.rs`: the arithmetic-peak microbenchmarks behind every "% of peak".
@@ -24,6 +25,7 @@ mod math;
 #[cfg(target_arch = "x86_64")]
 mod pack_bf16;
 pub(crate) mod peak;
+mod score;
 mod softmax;
 #[cfg(target_arch = "x86_64")]
 mod softmax_bf16;

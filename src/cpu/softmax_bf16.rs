@@ -4,7 +4,8 @@
 //! the denominator summed from the unrounded f32 probabilities); only the store differs.
 
 use super::math::EXP2_POLY;
-use super::softmax::{RowState, ScoreMap, SoftCap};
+use super::score::{ScoreMap, SoftCap};
+use super::softmax::RowState;
 use core::arch::x86_64::*;
 use core::ops::Range;
 

@@ -17,7 +17,8 @@
 //! Packed buffers come from the caller's workspace, sized by the `*_len` functions; packers
 //! fill every element they own (padding with zeros), so stale workspace contents never leak.
 
-use super::softmax::{RowState, ScoreMap};
+use super::score::ScoreMap;
+use super::softmax::RowState;
 use crate::element::Element;
 use crate::layout::Rows;
 use core::ops::Range;

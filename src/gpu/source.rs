@@ -4,12 +4,13 @@
 use super::plan::{Target, Variant};
 
 /// The kernel's files: the entry point and the headers it includes.
-const FILES: [(&str, &str); 13] = [
+const FILES: [(&str, &str); 14] = [
     ("attention.hip", include_str!("kernel/attention.hip")),
     ("portability.h", include_str!("kernel/portability.h")),
     ("params.h", include_str!("kernel/params.h")),
     ("load.h", include_str!("kernel/load.h")),
     ("mask.h", include_str!("kernel/mask.h")),
+    ("score.h", include_str!("kernel/score.h")),
     ("scheduling.h", include_str!("kernel/scheduling.h")),
     ("combine.h", include_str!("kernel/combine.h")),
     ("fragments.h", include_str!("kernel/fragments.h")),

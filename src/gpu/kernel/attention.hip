@@ -16,6 +16,7 @@
 // This file holds the two entry points; each concern has a header of its own:
 //   params.h      compile-time constants and the parameter block (`VaParams`, `VaTile`),
 //   mask.h        which keys a query row sees (sequence end, causal diagonal, windows),
+//   score.h       raw scores to base-2 logits (the scale, the soft-cap),
 //   scheduling.h  the units of work: which sequence, query tile and key tiles each is,
 //   load.h        tile copies from global to shared memory (the cp.async path),
 //   combine.h     the merge kernel of key splits (AMD),
@@ -31,6 +32,7 @@
 #include "params.h"
 #include "load.h"
 #include "mask.h"
+#include "score.h"
 #include "scheduling.h"
 
 #if defined(VA_AMD)

@@ -12,10 +12,6 @@ struct VaRows {
     float sum[2];     // running sum of exp2((s - max) · factor), this thread's columns only
 };
 
-// What `va_softmax_fragment` multiplies scores by: scale · log2(e), or 1 where the soft-cap has
-// already put them in base-2 units.
-VA_DEVICE float va_score_factor(const VaParams& p) { return VA_SOFTCAP && p.softcap > 0.0f ? 1.0f : p.scale_log2; }
-
 VA_DEVICE VaRows va_rows(int first_row, int g) {
     return VaRows{{first_row + g, first_row + g + 8}, {VA_NEG_INF, VA_NEG_INF}, {0.0f, 0.0f}};
 }
@@ -25,8 +21,8 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
 // before's, as in a last tile loaded flush with the sequence's end), the new row maxima, and
 // then `s` becomes the probabilities exp2(s · factor - max · factor) (one FMA and one ex2 each)
 // while the row sums are rescaled by the change of the maxima, which `alpha` returns for the
-// output (`va_rescale_fragment`). Scores stay in `factor` units: factor is scale · log2(e), or
-// 1 with a soft-cap.
+// output (`va_rescale_fragment`). Scores stay in `factor` units: factor is `va_score_factor`
+// (score.h).
 //
 // Large finite scores: the fused fma(s, factor, -max · factor) keeps the rounding error of
 // max · factor, up to half an ulp of the logit, which exp2 turns into inf or 0 for every score
@@ -36,11 +32,11 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
 template <int NS>
 VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float (&s)[NS][4], VaRows& r, int key0, int key_floor,
                                    bool masked, float factor, float (&alpha)[2]) {
-    if (VA_SOFTCAP && p.softcap > 0.0f) {
+    if (va_has_softcap(p)) {
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[n][e] = p.softcap * tanhf(s[n][e] * p.scale_over_softcap) * VA_LOG2E;
+            for (int e = 0; e < 4; ++e) s[n][e] = va_softcap_score(p, s[n][e]);
     }
     if (masked) {
         // Each row's visible range once, then two compares and a select per score.

@@ -65,7 +65,7 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
                 // Base-2 logits, rounded before the max is subtracted, so that the max's own term is
                 // exactly 0 however large the scores (fragments.h: a fused multiply-subtract keeps
                 // the max's rounding error; the NVIDIA tiles take this path only for huge logits).
-                x = VA_SOFTCAP && p.softcap > 0.0f ? p.softcap * tanhf(x * p.scale_over_softcap) * VA_LOG2E : x * p.scale_log2;
+                x = va_logit(p, x);
                 const int row = m0 + wave * 16 + 4 * quad + i, key = j * VA_BLOCK_N + n * 16 + col;
                 x = va_key_visible(p, tile, row, key) ? x : VA_NEG_INF;
                 s[n][i] = x;
