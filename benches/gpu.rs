@@ -3,18 +3,18 @@
 //! calls between two events (launch gaps hidden, as a profiler's kernel time); TFLOP/s (from
 //! the faster of the two) and the fraction of the
 //! card's limit (the larger of FLOP / 790 TFLOP/s, the bf16 matrix rate measured on an H200, and
-//! scores / 4.18e12 exp/s, as in `shapes.md`); plus the host-array call (`forward` with
+//! scores / 4.18e12 exp/s, the H200's measured exponential rate); plus the host-array call (`forward` with
 //! `Backend::Gpu`, copies included) by wall clock, and the error against the f64 oracle on
 //! sampled rows.
 //!
-//! `../shared/tools/gpu-bundle bench --bench gpu`, then on the GPU machine
+//! `tools/gpu-bundle.sh bench --bench gpu`, then on the GPU machine
 //! `bash .gpu-bin/run-all.sh [shapes, e.g. 0-20]`. Prints a markdown table. Shapes outside the
 //! seed's, for tuning the plan's rules: `VARLEN_ATTN_BENCH_SHAPES="16x72x1300,4x72x5000x2"`
 //! (heads × head_dim × tokens per sequence, × sequences where more than one), numbered from 100
 //! after the selected seed shapes. With `--batches`,
 //! realistic vision batches instead (many images of different sizes in one call; GQA; head
 //! dims 80 and 64), timed with cu_seqlens from the host and on the device
-//! (`benches/torch_gpu_batches.py` times FA2 varlen on the same batches).
+//! (`benches/peers/torch_gpu_batches.py` times FA2 varlen on the same batches).
 
 use half::bf16;
 use std::time::Instant;
@@ -162,7 +162,7 @@ fn main() {
     }
 }
 
-/// The batches of issue 17 (and `benches/torch_gpu_batches.py`): label, query heads, kv heads,
+/// Vision batches (`benches/peers/torch_gpu_batches.py` times the same): label, query heads, kv heads,
 /// head_dim, sequence lengths.
 fn batch_cases() -> Vec<(&'static str, usize, usize, usize, Vec<usize>)> {
     let mixed = vec![720, 1200, 276, 3844, 64, 1, 2116, 1012, 600];

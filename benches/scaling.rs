@@ -1,6 +1,6 @@
 //! CPU time against sequence length for H = 16, D = 72 (the seed's vision-tower heads), one
 //! sequence, bf16, L from 256 to 65 556: the L² slope with no cliffs. Prints CSV
-//! (`L,milliseconds,GFLOP/s`); `benches/plot_scaling.py` turns it into `docs/cpu-scaling.png`.
+//! (`L,milliseconds,GFLOP/s`); `tools/plot_scaling.py` turns it into `docs/cpu-scaling.png`.
 //!
 //! `cargo bench --bench scaling > scaling.csv` (about two minutes on 2 cores).
 

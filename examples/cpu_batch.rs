@@ -1,6 +1,6 @@
 //! A batch of `n` images of `len` tokens each (16 heads × 72, bf16) on the CPU, its fastest of
 //! ten calls: `cargo run --release --example cpu_batch -- 64 256`. PyTorch's side:
-//! `benches/torch_cpu_batches.py` (BENCHMARKS.md has both).
+//! `benches/peers/torch_cpu_batches.py` (BENCHMARKS.md has both).
 use half::bf16;
 use ndarray::Array3;
 use varlen_attn::Params;

@@ -7,7 +7,7 @@
 #   fuzz/sanitize-gpu.sh [test binary] [tool ...]
 #
 # The binary defaults to a fresh `cargo test --release --features gpu --test gpu` build; from a
-# machine without a GPU, `../shared/tools/gpu-bundle test --test gpu` builds it into .gpu-bin/
+# machine without a GPU, `tools/gpu-bundle.sh test --test gpu` builds it into .gpu-bin/
 # and this script runs there with that binary. Property suites run VARLEN_ATTN_GPU_CASES cases
 # each (default 3: every kernel runs tens of times slower under the tools), the other tests
 # whole, except the one that allocates tensors past 2^31 elements.

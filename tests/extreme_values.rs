@@ -16,7 +16,7 @@ fn cpu<T: Element>() -> Vec<(Backend, CpuIsa)> {
     cpu_paths::<T>().into_iter().map(|isa| (Backend::Cpu, isa)).collect()
 }
 
-/// The first case: f32 q = k = v uniform in [-m/2, m/2], 40 tokens, 2 heads, head_dim
+/// f32 q = k = v uniform in [-m/2, m/2], 40 tokens, 2 heads, head_dim
 /// 64. Up to m = 1e5 every score fits f32; m = 1e6 still does (scores up to 1e13); these gave
 /// 2048 and 2112 non-finite outputs before the softmax rounded its logits before subtracting
 /// the max.
@@ -29,7 +29,7 @@ fn large_f32_inputs_give_the_oracle_answer() {
     }
 }
 
-/// The second case: bf16 inputs in [-2, 2] with scales up to 1e30 (5,494 to 7,700
+/// bf16 inputs in [-2, 2] with scales up to 1e30 (5,494 to 7,700
 /// non-finite outputs before the fix, on the scalar and AVX2 paths); with a soft-cap and a
 /// causal mask too.
 #[test]

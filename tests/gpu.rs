@@ -3,7 +3,8 @@
 //! without one every test prints why it is skipped (it does not pass silently: the message names
 //! the missing piece).
 //!
-//! On the H200: `../shared/tools/gpu-bundle test --test gpu`, then `bash .gpu-bin/run-all.sh`.
+//! On a GPU machine without Rust: `tools/gpu-bundle.sh test --test gpu` here, then
+//! `bash .gpu-bin/run-all.sh` there.
 
 #![cfg(feature = "gpu")]
 

@@ -25,7 +25,7 @@ const fn shape(index: usize, num_heads: usize, head_dim: usize, seq_len: usize) 
     Shape { index, num_heads, head_dim, seq_len, sequences: 1 }
 }
 
-/// The seed's 21 shapes, in its order (`shapes.md`).
+/// The seed workload's 21 shapes, in its order.
 pub const SEED_SHAPES: [Shape; 21] = [
     shape(0, 16, 72, 720),
     shape(1, 16, 72, 1200),
