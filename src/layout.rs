@@ -57,6 +57,35 @@ impl<'a, T> Rows<'a, T> {
     }
 }
 
+/// The key (or value) rows of one sequence and kv head: key `j` of the sequence is row
+/// `first + j` of the tensor. The one accessor the CPU packers read K and V through, so that
+/// another addressing of the keys (a paged cache's block table) changes only this type.
+#[derive(Clone, Copy)]
+pub(crate) struct SequenceRows<'r, 'a, T> {
+    rows: &'r Rows<'a, T>,
+    first: usize,
+    head: usize,
+}
+
+impl<'r, 'a, T> SequenceRows<'r, 'a, T> {
+    /// The rows `first..` of `head` in `rows`.
+    pub fn new(rows: &'r Rows<'a, T>, first: usize, head: usize) -> Self {
+        SequenceRows { rows, first, head }
+    }
+
+    /// Key `j` of the sequence: its `dims` values.
+    #[inline]
+    pub fn row(&self, j: usize) -> ArrayView1<'a, T> {
+        self.rows.row(self.first + j, self.head)
+    }
+
+    /// Values per row.
+    #[inline]
+    pub fn dims(&self) -> usize {
+        self.rows.shape[2]
+    }
+}
+
 /// Write access to the rows of an output view, shared by the work items of one call.
 #[derive(Clone, Copy)]
 pub(crate) struct RowsMut<'a, T> {

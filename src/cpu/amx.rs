@@ -22,7 +22,7 @@ use super::softmax::RowState;
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};
-use crate::layout::Rows;
+use crate::layout::{Rows, SequenceRows};
 use core::arch::asm;
 use core::arch::x86_64::*;
 use core::marker::PhantomData;
@@ -205,16 +205,16 @@ impl<T: Element> TileKernel<T> for AmxKernel<T> {
         pack_bf16::pack_queries(q, tokens, head, round_up(d, 32), QUERY_BLOCK, dst);
     }
 
-    fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
-        let d = k.row(tokens.start, head).len();
+    fn pack_k(&self, k: &SequenceRows<T>, tokens: Range<usize>, dst: &mut [u32]) {
+        let d = k.dims();
         // SAFETY: AMX implies AVX-512F/BW (`available()` checks them).
-        unsafe { pack_bf16::pack_keys(k, tokens.clone(), head, round_up(d, 32) / 2, round_up(tokens.len(), 32), dst) };
+        unsafe { pack_bf16::pack_keys(k, tokens.clone(), round_up(d, 32) / 2, round_up(tokens.len(), 32), dst) };
     }
 
-    fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) -> bool {
-        let dv = v.row(tokens.start, head).len();
+    fn pack_v(&self, v: &SequenceRows<T>, tokens: Range<usize>, dst: &mut [u32]) -> bool {
+        let dv = v.dims();
         // SAFETY: AMX implies AVX-512F/BW (`available()` checks them).
-        unsafe { pack_bf16::pack_values(v, tokens.clone(), head, round_up(dv, 16), round_up(tokens.len(), 32), dst) }
+        unsafe { pack_bf16::pack_values(v, tokens.clone(), round_up(dv, 16), round_up(tokens.len(), 32), dst) }
     }
 
     fn scores(&self, q: &[u32], k: &[u32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {

@@ -18,7 +18,7 @@ use super::softmax::RowState;
 use super::softmax_bf16;
 use super::tile::{round_up, TileKernel};
 use crate::element::{DType, Element};
-use crate::layout::Rows;
+use crate::layout::{Rows, SequenceRows};
 use core::arch::x86_64::*;
 use core::marker::PhantomData;
 use core::ops::Range;
@@ -82,16 +82,16 @@ impl<T: Element> TileKernel<T> for Bf16DotKernel<T> {
         pack_bf16::pack_queries(q, tokens.clone(), head, round_up(d, 2), tokens.len(), dst);
     }
 
-    fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) {
-        let d = k.row(tokens.start, head).len();
+    fn pack_k(&self, k: &SequenceRows<T>, tokens: Range<usize>, dst: &mut [u32]) {
+        let d = k.dims();
         // SAFETY: the CPU has AVX-512F/BW (this kernel exists only after `available()`).
-        unsafe { pack_bf16::pack_keys(k, tokens.clone(), head, d.div_ceil(2), round_up(tokens.len(), 16), dst) };
+        unsafe { pack_bf16::pack_keys(k, tokens.clone(), d.div_ceil(2), round_up(tokens.len(), 16), dst) };
     }
 
-    fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [u32]) -> bool {
-        let dv = v.row(tokens.start, head).len();
+    fn pack_v(&self, v: &SequenceRows<T>, tokens: Range<usize>, dst: &mut [u32]) -> bool {
+        let dv = v.dims();
         // SAFETY: as above.
-        unsafe { pack_bf16::pack_values(v, tokens.clone(), head, round_up(dv, 16), round_up(tokens.len(), 16), dst) }
+        unsafe { pack_bf16::pack_values(v, tokens.clone(), round_up(dv, 16), round_up(tokens.len(), 16), dst) }
     }
 
     fn scores(&self, q: &[u32], k: &[u32], rows: usize, d: usize, keys: usize, s: &mut [f32]) {

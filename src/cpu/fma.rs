@@ -24,9 +24,10 @@ use super::softmax::{self, RowState};
 use super::tile::{round_up, TileKernel};
 use super::vector::{load, store};
 use crate::element::Element;
-use crate::layout::Rows;
+use crate::layout::{Rows, SequenceRows};
 use crate::problem::MAX_HEAD_DIM;
 use core::ops::Range;
+use ndarray::ArrayView1;
 use pulp::Simd;
 
 /// Query rows per work item: a whole number of register tiles on every instruction set (16
@@ -87,10 +88,9 @@ fn widen_slice<T: Element>(src: &[T], dst: &mut [f32]) {
     }
 }
 
-/// Row `token` of `head` widened to f32 into `dst[..len]`, the row's length, which it returns.
+/// `src` widened to f32 into `dst[..len]`, the row's length, which it returns.
 #[inline(always)]
-fn widen_row<T: Element>(rows: &Rows<T>, token: usize, head: usize, dst: &mut [f32]) -> usize {
-    let src = rows.row(token, head);
+fn widen_row<T: Element>(src: ArrayView1<T>, dst: &mut [f32]) -> usize {
     let len = src.len();
     match src.as_slice() {
         Some(s) => widen_slice(s, &mut dst[..len]),
@@ -111,16 +111,21 @@ fn index_in_panels(width: usize, n: usize, r: usize, j: usize) -> usize {
     (r / width) * n * width + j * width + r % width
 }
 
-/// Packs the rows `tokens` of `head`, widened to f32, in panels of `width` rows,
-/// `[panel][d][width]` (Qᵀ's row tiles, K's key groups), zero from the last row to a whole
-/// panel.
+/// Packs `count` rows of `d` values (`row_of(r)` the r-th), widened to f32, in panels of
+/// `width` rows, `[panel][d][width]` (Qᵀ's row tiles, K's key groups), zero from the last row
+/// to a whole panel.
 #[inline(always)]
-fn pack_panels<T: Element>(rows: &Rows<T>, tokens: Range<usize>, head: usize, width: usize, dst: &mut [f32]) {
-    let (count, d) = (tokens.len(), rows.row(tokens.start, head).len());
+fn pack_panels<'a, T: Element + 'a>(
+    row_of: impl Fn(usize) -> ArrayView1<'a, T>,
+    count: usize,
+    d: usize,
+    width: usize,
+    dst: &mut [f32],
+) {
     dst[count / width * width * d..round_up(count, width) * d].fill(0.0);
     let mut row = [0f32; MAX_HEAD_DIM];
-    for (r, token) in tokens.enumerate() {
-        widen_row(rows, token, head, &mut row);
+    for r in 0..count {
+        widen_row(row_of(r), &mut row);
         // Row r's entries, `width` apart in its panel.
         let column = dst[index_in_panels(width, d, r, 0)..].iter_mut().step_by(width);
         column.zip(&row[..d]).for_each(|(y, &x)| *y = x);
@@ -155,22 +160,23 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
     /// Qᵀ `[row tile][d][R]`, zero from the last row to a whole register tile.
     #[inline(always)]
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        pack_panels(q, tokens, head, Self::R, dst);
+        let d = q.row(tokens.start, head).len();
+        pack_panels(|r| q.row(tokens.start + r, head), tokens.len(), d, Self::R, dst);
     }
 
     /// K `[key group][d][MR]`, zero keys up to a whole group (they score 0 and are masked by
     /// the driver).
     #[inline(always)]
-    fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) {
-        pack_panels(k, tokens, head, Self::MR, dst);
+    fn pack_k(&self, k: &SequenceRows<T>, keys: Range<usize>, dst: &mut [f32]) {
+        pack_panels(|j| k.row(keys.start + j), keys.len(), k.dims(), Self::MR, dst);
     }
 
     /// V `[column group][key][MR]`, zero past the last key and the last column.
     #[inline(always)]
-    fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [f32]) -> bool {
+    fn pack_v(&self, v: &SequenceRows<T>, keys: Range<usize>, dst: &mut [f32]) -> bool {
         let mr = Self::MR;
-        let dv = v.row(tokens.start, head).len();
-        let (groups, keys) = (dv.div_ceil(mr), tokens.len());
+        let dv = v.dims();
+        let (groups, first, keys) = (dv.div_ceil(mr), keys.start, keys.len());
         let width = round_up(keys, mr);
         // Zero columns past dv (the row buffer's tail, up to a whole group) and keys past the
         // last up to a whole group (the value product reads them; their probabilities are 0).
@@ -179,8 +185,8 @@ impl<S: Simd, T: Element> TileKernel<T> for FmaKernel<S> {
             dst[g * KEY_BLOCK * mr + keys * mr..g * KEY_BLOCK * mr + width * mr].fill(0.0);
         }
         let mut finite = true;
-        for (j, token) in tokens.enumerate() {
-            widen_row(v, token, head, &mut row);
+        for j in 0..keys {
+            widen_row(v.row(first + j), &mut row);
             // `&`, not `&&`: no branch, so that LLVM vectorises the check.
             finite &= row[..dv].iter().fold(true, |ok, x| ok & x.is_finite());
             for (g, chunk) in row[..groups * mr].chunks_exact(mr).enumerate() {

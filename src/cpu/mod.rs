@@ -37,6 +37,7 @@ pub(crate) use driver::Io;
 
 use crate::element::Element;
 use crate::error::Error;
+use crate::layout::SequenceRows;
 use crate::params::CpuIsa;
 use crate::problem::{Magnitudes, Problem};
 use driver::WorkItem;
@@ -212,10 +213,10 @@ fn run<S: Simd, T: Element, K: TileKernel<T>>(simd: S, kernel: K, problem: &Prob
                 let sequence = problem.sequence(pair / kv_heads);
                 let head = pair % kv_heads;
                 let pack = |block: usize, slot_data: &mut [K::Packed], finite: &mut bool| {
-                    let start = sequence.k_start + block * K::KEY_BLOCK;
-                    let tokens = start..(start + K::KEY_BLOCK).min(sequence.k_start + sequence.k_len);
+                    let start = block * K::KEY_BLOCK;
+                    let keys = start..(start + K::KEY_BLOCK).min(sequence.k_len);
                     let (k, v) = slot_data.split_at_mut(k_len);
-                    simd.vectorize(Pack { kernel, io, tokens, head, k, v, finite });
+                    simd.vectorize(Pack { kernel, io, first: sequence.k_start, keys, head, k, v, finite });
                 };
                 if parallel {
                     packed
@@ -281,11 +282,13 @@ fn split_pairs<P: Send, F: Fn(usize, &mut [P], &mut [bool]) + Sync>(
     }
 }
 
-/// Packs one key block inside the instruction set's `target_feature` context.
+/// Packs one key block (keys `keys` of the sequence whose first key is token `first`) inside
+/// the instruction set's `target_feature` context.
 struct Pack<'a, 'io, T: Element, K: TileKernel<T>> {
     kernel: K,
     io: &'a Io<'io, T>,
-    tokens: core::ops::Range<usize>,
+    first: usize,
+    keys: core::ops::Range<usize>,
     head: usize,
     k: &'a mut [K::Packed],
     v: &'a mut [K::Packed],
@@ -296,8 +299,9 @@ impl<T: Element, K: TileKernel<T>> WithSimd for Pack<'_, '_, T, K> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, _simd: S) {
-        self.kernel.pack_k(&self.io.k, self.tokens.clone(), self.head, self.k);
-        *self.finite = self.kernel.pack_v(&self.io.v, self.tokens, self.head, self.v);
+        let (k, v) = (&self.io.k, &self.io.v);
+        self.kernel.pack_k(&SequenceRows::new(k, self.first, self.head), self.keys.clone(), self.k);
+        *self.finite = self.kernel.pack_v(&SequenceRows::new(v, self.first, self.head), self.keys, self.v);
     }
 }
 

@@ -8,7 +8,7 @@
 //! Contiguous rows go through AVX-512; strided ones through plain loops.
 
 use crate::element::{DType, Element};
-use crate::layout::Rows;
+use crate::layout::{Rows, SequenceRows};
 use core::arch::x86_64::*;
 use core::ops::Range;
 
@@ -40,21 +40,20 @@ pub(crate) fn pack_queries<T: Element>(
     }
 }
 
-/// Packs the keys `tokens` of `head` as strips of 16 keys × `pairs`, zero-padded to `padded`
+/// Packs the sequence's keys `keys` as strips of 16 keys × `pairs`, zero-padded to `padded`
 /// keys (a multiple of 16).
 ///
 /// # Safety
 /// AVX-512F/BW present.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(crate) unsafe fn pack_keys<T: Element>(
-    k: &Rows<T>,
+    k: &SequenceRows<T>,
     tokens: Range<usize>,
-    head: usize,
     pairs: usize,
     padded: usize,
     dst: &mut [u32],
 ) {
-    let d = k.row(tokens.start, head).len();
+    let d = k.dims();
     let panel = pairs * 16;
     for strip in 0..padded / 16 {
         let first = tokens.start + strip * 16;
@@ -62,7 +61,7 @@ pub(crate) unsafe fn pack_keys<T: Element>(
         let out = &mut dst[strip * panel..(strip + 1) * panel];
         let mut rows: [&[u16]; 16] = [&[]; 16];
         let contiguous =
-            keys.clone().zip(rows.iter_mut()).all(|(t, slot)| row_bits(k.row(t, head)).map(|b| *slot = b).is_some());
+            keys.clone().zip(rows.iter_mut()).all(|(t, slot)| row_bits(k.row(t)).map(|b| *slot = b).is_some());
         if contiguous {
             // SAFETY: the caller guarantees the features.
             unsafe { transpose_key_strip(&rows[..keys.len()], d, pairs, out) };
@@ -70,7 +69,7 @@ pub(crate) unsafe fn pack_keys<T: Element>(
             let out: &mut [u16] = bytemuck::cast_slice_mut(out);
             out.fill(0);
             for (lane, token) in keys.enumerate() {
-                for (i, &x) in k.row(token, head).iter().enumerate() {
+                for (i, &x) in k.row(token).iter().enumerate() {
                     out[(i / 2) * 32 + lane * 2 + i % 2] = bits(x);
                 }
             }
@@ -78,27 +77,26 @@ pub(crate) unsafe fn pack_keys<T: Element>(
     }
 }
 
-/// Packs the values `tokens` of `head` as key pairs × `stride` (zero-padded), to `padded`
+/// Packs the sequence's values `tokens` as key pairs × `stride` (zero-padded), to `padded`
 /// keys (even). Returns whether every value is finite.
 ///
 /// # Safety
 /// AVX-512F/BW present.
 #[target_feature(enable = "avx512f,avx512bw")]
 pub(crate) unsafe fn pack_values<T: Element>(
-    v: &Rows<T>,
+    v: &SequenceRows<T>,
     tokens: Range<usize>,
-    head: usize,
     stride: usize,
     padded: usize,
     dst: &mut [u32],
 ) -> bool {
-    let dv = v.row(tokens.start, head).len();
+    let dv = v.dims();
     let mut finite = true;
     for t in 0..padded / 2 {
         let out = &mut dst[t * stride..(t + 1) * stride];
         let (a, b) = (tokens.start + 2 * t, tokens.start + 2 * t + 1);
-        let first = (a < tokens.end).then(|| v.row(a, head));
-        let second = (b < tokens.end).then(|| v.row(b, head));
+        let first = (a < tokens.end).then(|| v.row(a));
+        let second = (b < tokens.end).then(|| v.row(b));
         let bits_a = first.as_ref().and_then(|r| row_bits(r.view()));
         let bits_b = second.as_ref().and_then(|r| row_bits(r.view()));
         match (bits_a, second.is_none() || bits_b.is_some()) {

@@ -12,7 +12,8 @@
 //! - `accumulate`: `O[r][:] = alpha[r] · O[r][:] + Σ_j P[r][j] V[j][:]`.
 //!
 //! K and V are packed once per call, block by block (`pack_k`, `pack_v`), and shared by every
-//! query block that reads them.
+//! query block that reads them. The packers read them through `SequenceRows` alone (key `j` of
+//! a sequence), the one place that knows where a key lives.
 //!
 //! Packed buffers come from the caller's workspace, sized by the `*_len` functions; packers
 //! fill every element they own (padding with zeros), so stale workspace contents never leak.
@@ -20,7 +21,7 @@
 use super::score::ScoreMap;
 use super::softmax::RowState;
 use crate::element::Element;
-use crate::layout::Rows;
+use crate::layout::{Rows, SequenceRows};
 use core::ops::Range;
 
 /// One instruction set's packing and matrix products.
@@ -51,12 +52,11 @@ pub(crate) trait TileKernel<T: Element>: Copy + Send + Sync {
 
     /// Packs Q rows `tokens` of head `head` (row `r` of the block at `r * q_stride`).
     fn pack_q(&self, q: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]);
-    /// Packs the keys `tokens` (at most `KEY_BLOCK`) of kv head `head`, zero-padded to a
-    /// whole strip.
-    fn pack_k(&self, k: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]);
-    /// Packs the values `tokens` of kv head `head`, zero-padded to a whole strip. Returns
-    /// whether every value is finite.
-    fn pack_v(&self, v: &Rows<T>, tokens: Range<usize>, head: usize, dst: &mut [Self::Packed]) -> bool;
+    /// Packs the sequence's keys `keys` (at most `KEY_BLOCK`), zero-padded to a whole strip.
+    fn pack_k(&self, k: &SequenceRows<T>, keys: Range<usize>, dst: &mut [Self::Packed]);
+    /// Packs the sequence's values `keys`, zero-padded to a whole strip. Returns whether every
+    /// value is finite.
+    fn pack_v(&self, v: &SequenceRows<T>, keys: Range<usize>, dst: &mut [Self::Packed]) -> bool;
     /// Writes raw scores for `rows` rows and `keys` key columns into `s` (`QUERY_BLOCK ×
     /// KEY_BLOCK` f32, in the kernel's layout).
     fn scores(&self, q: &[Self::Packed], k: &[Self::Packed], rows: usize, d: usize, keys: usize, s: &mut [f32]);
