@@ -12,7 +12,6 @@
 //! - `score.rs`: raw scores to logits (scale, soft-cap), for every path;
 //! - `softmax.rs` (f32) and `softmax_bf16.rs` (fused, bf16 probabilities) the online softmax,
 //!   `math.rs` its `exp2` and `tanh`, `vector.rs` unaligned vector loads and stores;
-//! - `peak.rs`: the arithmetic-peak microbenchmarks behind every "% of peak".
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
@@ -24,7 +23,6 @@ mod kv_cache;
 mod math;
 #[cfg(target_arch = "x86_64")]
 mod pack_bf16;
-pub(crate) mod peak;
 mod score;
 mod softmax;
 #[cfg(target_arch = "x86_64")]
@@ -34,6 +32,11 @@ mod vector;
 mod workspace;
 
 pub(crate) use driver::Io;
+// For the peak microbenchmarks (`internal/peak.rs`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) use amx::{available as amx_available, peak_batch as amx_peak_batch};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use bf16dot::available as bf16dot_available;
 
 use crate::element::Element;
 use crate::error::Error;

@@ -42,7 +42,7 @@ mod hip;
 #[cfg(feature = "gpu")]
 mod memory;
 #[cfg(feature = "gpu")]
-mod plan;
+pub(crate) mod plan;
 #[cfg(feature = "gpu")]
 mod runtime;
 #[cfg(feature = "gpu")]
@@ -55,7 +55,7 @@ mod tensor;
 #[cfg(feature = "gpu")]
 mod tensor_map;
 #[cfg(feature = "gpu")]
-mod tuning;
+pub(crate) mod tuning;
 #[cfg(feature = "gpu")]
 mod workspace;
 

@@ -128,9 +128,9 @@ VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, const VaWork& work) 
     const int kv_head = head / p.group;
     tile.k_start = k_start;
     tile.kv_head = kv_head;
-    tile.q = p.q + (va_i64)tile.q_start * p.q_token_stride + (va_i64)head * p.q_head_stride;
-    tile.k = p.k + (va_i64)k_start * p.k_token_stride + (va_i64)kv_head * p.k_head_stride;
-    tile.v = p.v + (va_i64)k_start * p.v_token_stride + (va_i64)kv_head * p.v_head_stride;
+    tile.q = va_query_rows(p, tile.q_start, head);
+    tile.k = va_key_rows(p, k_start, kv_head);
+    tile.v = va_value_rows(p, k_start, kv_head);
 
     return tile;
 }

@@ -193,7 +193,7 @@ VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, va_u64* full, v
         if (thread == 0) {
             va_mbarrier_arrive_expect_tx(&full[stage], T::SLABS * VA_BLOCK_N * 128);
             for (int slab = 0; slab < T::SLABS; ++slab)
-                va_tma_load_3d(dst + slab * T::SLAB, map, slab * 64, tile.kv_head, tile.k_start + key0, &full[stage]);
+                va_tma_load_3d(dst + slab * T::SLAB, map, slab * 64, tile.kv_head, va_key_token(tile, key0), &full[stage]);
         }
         va_load_tail<T, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
     } else {

@@ -47,7 +47,7 @@ pub fn measure_peak(unit: PeakUnit, threads: usize, duration: Duration) -> Optio
         }
         PeakUnit::F32FmaAvx2 => return None,
         #[cfg(target_arch = "x86_64")]
-        PeakUnit::AmxBf16 if super::amx::available() => super::amx::peak_batch,
+        PeakUnit::AmxBf16 if crate::cpu::amx_available() => crate::cpu::amx_peak_batch,
         PeakUnit::AmxBf16 => return None,
     };
     let threads = threads.max(1);
@@ -74,7 +74,7 @@ pub fn measure_peak(unit: PeakUnit, threads: usize, duration: Duration) -> Optio
 
 fn bf16_dot_available() -> bool {
     #[cfg(target_arch = "x86_64")]
-    return super::bf16dot::available();
+    return crate::cpu::bf16dot_available();
     #[cfg(not(target_arch = "x86_64"))]
     false
 }
