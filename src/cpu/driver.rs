@@ -7,7 +7,7 @@ use super::softmax::RowState;
 use super::tile::{round_up, TileKernel};
 use super::workspace::Carver;
 use crate::element::Element;
-use crate::layout::{LseMut, Rows, RowsMut};
+use crate::layout::{LseMut, Rows, RowsMut, SequenceRows};
 use crate::problem::{Problem, Sequence};
 use core::ops::Range;
 
@@ -100,6 +100,7 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
     let keys = mask.visible_keys_of_block(item.rows.clone(), lq, lk);
     let blocks = if keys.is_empty() { 0..0 } else { keys.start / K::KEY_BLOCK..keys.end.div_ceil(K::KEY_BLOCK) };
 
+    let values = SequenceRows::new(&io.v, seq.k_start, kv_head);
     for index in blocks {
         let block = index * K::KEY_BLOCK..((index + 1) * K::KEY_BLOCK).min(lk);
         let width = round_up(block.len(), K::STRIP);
@@ -128,7 +129,7 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
                 (0..dv).for_each(|c| o[at(c)] *= a);
                 for j in visible(r).unwrap_or(0..block.len()) {
                     let weight = kernel.probability(scores, p, r, j);
-                    let value = io.v.row(seq.k_start + block.start + j, kv_head);
+                    let value = values.row(block.start + j);
                     for (c, &vv) in value.iter().enumerate() {
                         o[at(c)] += weight * vv.to_f32();
                     }
