@@ -11,7 +11,7 @@
 //! | `VARLEN_ATTN_GPU_BLOCK_N=192`, `=128` or `=64` | Hopper uses key tiles of that many keys (heads up to 128 wide) |
 //! | `VARLEN_ATTN_GPU_SPLITS=n` | at most `n` key splits per query tile (1: none) |
 //! | `VARLEN_ATTN_GPU_MERGE=kernel` | NVIDIA combines key splits in a second kernel, as AMD does, not in the last split block of each row group |
-//! | `VARLEN_ATTN_GPU_ORDER=heads` | units of work take a query tile's heads one after another (heads inner), not each head's tiles |
+//! | `VARLEN_ATTN_GPU_ORDER=heads` or `=tiles` | units of work walk each query tile's heads (heads inner), or each head's tiles, whatever the problem |
 //! | `VARLEN_ATTN_GPU_PERSISTENT=0` | Hopper launches a block per tile, not one per multiprocessor walking several |
 //! | `VARLEN_ATTN_DUMP_PTX=folder` | each compiled variant's PTX is written there (for `ptxas -v`) |
 
@@ -34,8 +34,9 @@ pub(crate) struct Tuning {
     pub merge_kernel: bool,
     /// Hopper launches a block per unit of work instead of a persistent grid.
     pub no_persistent: bool,
-    /// Units of work walk a query tile's heads first (`VA_HEADS_INNER`).
-    pub heads_inner: bool,
+    /// Units of work walk each query tile's heads (`Some(true)`, `VA_HEADS_INNER`) or each
+    /// head's tiles (`Some(false)`), instead of the problem's choice.
+    pub heads_inner: Option<bool>,
     pub dump_ptx: Option<PathBuf>,
 }
 
@@ -63,7 +64,11 @@ impl Tuning {
             max_splits: lookup("VARLEN_ATTN_GPU_SPLITS").and_then(|n| n.parse().ok()),
             merge_kernel: is("VARLEN_ATTN_GPU_MERGE", "kernel"),
             no_persistent: is("VARLEN_ATTN_GPU_PERSISTENT", "0"),
-            heads_inner: is("VARLEN_ATTN_GPU_ORDER", "heads"),
+            heads_inner: match lookup("VARLEN_ATTN_GPU_ORDER").as_deref() {
+                Some("heads") => Some(true),
+                Some("tiles") => Some(false),
+                _ => None,
+            },
             dump_ptx: lookup("VARLEN_ATTN_DUMP_PTX").map(PathBuf::from),
         }
     }
@@ -88,6 +93,7 @@ mod tests {
                     "VARLEN_ATTN_GPU_SPLITS" => "1",
                     "VARLEN_ATTN_GPU_PERSISTENT" => "0",
                     "VARLEN_ATTN_GPU_MERGE" => "kernel",
+                    "VARLEN_ATTN_GPU_ORDER" => "heads",
                     _ => "/tmp/ptx",
                 }
                 .to_string(),
@@ -95,7 +101,8 @@ mod tests {
         };
         let all = Tuning::from(env);
         assert!(all.mma_on_hopper && all.no_tma && all.two_stages && all.block_m == Some(128) && all.no_persistent);
-        assert!(all.one_q_buffer && all.block_n == Some(192) && all.merge_kernel);
+        assert!(all.one_q_buffer && all.block_n == Some(192) && all.merge_kernel && all.heads_inner == Some(true));
+        assert_eq!(Tuning::from(|n| (n == "VARLEN_ATTN_GPU_ORDER").then(|| "tiles".into())).heads_inner, Some(false));
         assert_eq!((all.max_splits, all.dump_ptx), (Some(1), Some(PathBuf::from("/tmp/ptx"))));
         // Other values leave the defaults.
         assert_eq!(Tuning::from(|_| Some("yes".into())).max_splits, None);

@@ -54,6 +54,13 @@ fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
                 all.push(Variant::new(d, dv, f16, target).with_three_warpgroups());
             }
         }
+        // Batches whose units walk each query tile's heads.
+        for (d, dv, f16) in [(72, 72, false), (64, 64, true)] {
+            all.push(Variant { heads_inner: true, ..Variant::new(d, dv, f16, target) });
+        }
+        if target == Target::Wgmma {
+            all.push(Variant { heads_inner: true, ..Variant::new(72, 72, false, target).with_three_warpgroups() });
+        }
     }
     all
 }

@@ -105,6 +105,7 @@ impl Plan {
         if target == Target::Wgmma {
             variant = tiles::hopper_tiles(variant, problem, multiprocessors, tuning);
         }
+        variant.heads_inner = tiles::heads_inner(problem, tuning);
         let (cu_seqlens_q, cu_seqlens_k) = problem.cu_seqlens();
         let mut metadata = Vec::with_capacity(3 * (problem.batch() + 1));
         metadata.extend_from_slice(cu_seqlens_q);

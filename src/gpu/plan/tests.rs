@@ -57,6 +57,8 @@ fn tiles_count_each_sequence_and_skip_empty_ones() {
             stages: 2,
             q_buffers: 1,
             softcap: false,
+            // Three sequences whose keys all fit the L2 many times over.
+            heads_inner: true,
             f16: false,
             target: Target::Mma
         }
@@ -442,10 +444,13 @@ fn a_batchs_last_wave_splits_across_sequences() {
     // tests/gpu.rs's batch: 10 + 6 + 3 + 1 tiles × 8 heads = 160 pairs of 128 rows (head_dim
     // 80 takes no 192-row tiles), 28 past the first wave (heads 6 and 7, the tiles of all
     // four sequences among them): four splits of the longest sequence's 10 key tiles.
+    // Walking each head's tiles (the order this batch would take with longer sequences).
+    let head_major = Tuning { heads_inner: Some(false), ..Tuning::default() };
+    let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
     let lengths = [0, 1200, 1900, 2200, 2201];
     let problem =
         Problem::new([2201, 8, 80], [2201, 2, 80], [2201, 2, 80], &lengths, &lengths, &Params::default()).unwrap();
-    let plan = plan_on(Target::Wgmma, &problem);
+    let plan = Plan::new(&problem, false, hopper, &head_major, Operands::default());
     assert_eq!(plan.variant.block_m(), 128);
     assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.units()), (20, 28, 4, 160 + 3 * 28));
     let params = plan.params(None, Some(1 << 20), None, None);
@@ -458,23 +463,62 @@ fn a_batchs_last_wave_splits_across_sequences() {
     let twin_lengths = [0, 2400, 3100, 3400, 3401];
     let shape = |heads| [3401, heads, 72];
     let twin = Problem::new(shape(8), shape(2), shape(2), &twin_lengths, &twin_lengths, &Params::default()).unwrap();
-    let tall = plan_on(Target::Wgmma, &twin);
+    let tall = Plan::new(&twin, false, hopper, &head_major, Operands::default());
     assert_eq!(tall.variant.block_m(), 192);
     assert_eq!((tall.tiles, tall.split_pairs, tall.splits, tall.units()), (20, 28, 4, 160 + 3 * 28));
     // The switch that turns splits off runs every pair whole.
-    let whole = Plan::new(
-        &problem,
-        false,
-        Gpu { target: Target::Wgmma, multiprocessors: 132 },
-        &Tuning { max_splits: Some(1), ..Tuning::default() },
-        Operands::default(),
-    );
+    let whole =
+        Plan::new(&problem, false, hopper, &Tuning { max_splits: Some(1), ..head_major.clone() }, Operands::default());
     assert_eq!((whole.split_pairs, whole.units(), whole.workspace_bytes()), (0, 160, 0));
     // Without the persistent grid, a block per unit.
-    let blocks = |tuning: Tuning| {
-        Plan::new(&problem, false, Gpu { target: Target::Wgmma, multiprocessors: 132 }, &tuning, Operands::default())
-            .grid()
+    let blocks = |tuning: Tuning| Plan::new(&problem, false, hopper, &tuning, Operands::default()).grid();
+    assert_eq!(blocks(head_major.clone()), (132, 1, 1));
+    assert_eq!(blocks(Tuning { no_persistent: true, ..head_major }), (244, 1, 1));
+}
+
+#[test]
+fn batches_of_sequences_whose_keys_fit_half_the_l2_walk_each_tiles_heads() {
+    let order = |lengths: &[i32], heads: usize, kv_heads: usize, d: usize| {
+        let cu = cu_seqlens(lengths);
+        let total = *cu.last().unwrap() as usize;
+        let problem =
+            Problem::new([total, heads, d], [total, kv_heads, d], [total, kv_heads, d], &cu, &cu, &Params::default())
+                .unwrap();
+        plan_on(Target::Wgmma, &problem).variant.heads_inner
     };
-    assert_eq!(blocks(Tuning::default()), (132, 1, 1));
-    assert_eq!(blocks(Tuning { no_persistent: true, ..Tuning::default() }), (244, 1, 1));
+    // Images of 1024 tokens, 16 heads × 72: 4.7 MB of keys and values each.
+    assert!(order(&[1024; 64], 16, 16, 72));
+    assert!(order(&[1024; 16], 16, 16, 72));
+    // The mixed batch's largest image (3844 tokens) takes 17.7 MB.
+    assert!(order(&[720, 1200, 276, 3844, 64, 1, 2116, 1012, 600], 16, 16, 72));
+    // One sequence keeps each head's tiles together; so does a batch whose longest sequence's
+    // keys and values (16742 tokens × 8 kv heads × 128, 68.6 MB) do not fit.
+    assert!(!order(&[8136], 16, 16, 72));
+    assert!(!order(&[16742, 500, 3000, 1], 32, 8, 128));
+    // The switch decides where it is set.
+    let forced = Tuning { heads_inner: Some(false), ..Tuning::default() };
+    let cu = cu_seqlens(&[1024; 64]);
+    let problem =
+        Problem::new([65536, 16, 72], [65536, 16, 72], [65536, 16, 72], &cu, &cu, &Params::default()).unwrap();
+    let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
+    assert!(!Plan::new(&problem, false, gpu, &forced, Operands::default()).variant.heads_inner);
+}
+
+#[test]
+fn heads_inner_launches_split_the_last_tiles_heads_by_their_own_sequences() {
+    // 10 + 9 + 3 + 1 tiles of 128 rows × 8 heads = 184 pairs, 52 past the first wave: under the
+    // heads-inner order, every head of the last 6.5 tiles (the 1100-token sequence's last ones,
+    // the 300-token one's and the lone token's), split by the 1100 keys (9 key tiles) two ways.
+    let cu = cu_seqlens(&[1200, 1100, 300, 1]);
+    let problem = Problem::new([2601, 8, 80], [2601, 2, 80], [2601, 2, 80], &cu, &cu, &Params::default()).unwrap();
+    let plan = plan_on(Target::Wgmma, &problem);
+    assert!(plan.variant.heads_inner);
+    assert_eq!((plan.tiles, plan.split_pairs, plan.splits), (23, 52, 2));
+    // The same batch whose last wave holds only the lone token's heads and part of the
+    // 300-token sequence's: 1200 + 700 + 300 + 1 (20 tiles, 28 pairs past the wave) spares
+    // too few keys to split.
+    let cu = cu_seqlens(&[1200, 700, 300, 1]);
+    let problem = Problem::new([2201, 8, 80], [2201, 2, 80], [2201, 2, 80], &cu, &cu, &Params::default()).unwrap();
+    let plan = plan_on(Target::Wgmma, &problem);
+    assert_eq!((plan.tiles, plan.split_pairs, plan.splits), (20, 0, 1));
 }

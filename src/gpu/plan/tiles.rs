@@ -72,6 +72,24 @@ pub(super) fn hopper_tiles(base: Variant, problem: &Problem, multiprocessors: us
     variant
 }
 
+/// L2 bytes one sequence's keys and values (every kv head) may take for the heads-inner order:
+/// half the 50 MB L2 of an H100 or H200.
+const HEADS_INNER_MAX_KV_BYTES: usize = 24 << 20;
+
+/// Whether the units of work walk each query tile's heads one after another (`VA_HEADS_INNER`)
+/// rather than each head's tiles: for batches of two or more sequences whose every sequence's
+/// K and V (all kv heads) fit in half the L2. A wave then reads whole token rows of a few
+/// sequences once; walking head by head across many sequences read K and V many times over
+/// from memory, and long sequences keep one head's tiles together in a wave instead.
+pub(super) fn heads_inner(problem: &Problem, tuning: &Tuning) -> bool {
+    if let Some(forced) = tuning.heads_inner {
+        return forced;
+    }
+    let longest = (0..problem.batch()).map(|b| problem.sequence(b).k_len).max().unwrap_or(0);
+    let kv_bytes = longest * problem.num_kv_heads * (problem.head_dim + problem.head_dim_v) * 2;
+    problem.batch() >= 2 && kv_bytes <= HEADS_INNER_MAX_KV_BYTES
+}
+
 /// Each sequence's query-tile count where two or more sequences all have as many (at least
 /// one; a batch of same-sized images), else 0: the kernel then finds a tile's sequence by a
 /// division instead of a search. A lone sequence keeps the search, one step there.
@@ -105,7 +123,8 @@ pub(super) fn key_splits(
     let pairs = tiles * problem.num_heads;
     let slots = multiprocessors * variant.min_blocks;
     let last_wave = pairs % slots;
-    let key_tiles = split_pairs_longest_keys(problem, tile_start, tiles, last_wave).div_ceil(variant.block_n);
+    let key_tiles =
+        split_pairs_longest_keys(problem, tile_start, tiles, last_wave, variant.heads_inner).div_ceil(variant.block_n);
     let max_splits = tuning.max_splits.unwrap_or(MAX_SPLITS).clamp(1, MAX_SPLITS);
     let splits =
         if last_wave > 0 && key_tiles >= 4 { (slots / last_wave).min(key_tiles / 2).clamp(1, max_splits) } else { 1 };
@@ -117,12 +136,20 @@ pub(super) fn key_splits(
     }
 }
 
-/// The most keys of any sequence among the last `split_pairs` (query tile, head) pairs, which
-/// are the last query tiles of the last head (`va_block_work`: pair i is tile i % tiles of head
-/// i / tiles), or every tile when there are more pairs than tiles; `tile_start` holds each
-/// sequence's first query tile (`batch + 1` entries).
-fn split_pairs_longest_keys(problem: &Problem, tile_start: &[i32], tiles: usize, split_pairs: usize) -> usize {
-    let first_split_tile = tiles - split_pairs.min(tiles);
+/// The most keys of any sequence among the last `split_pairs` (query tile, head) pairs
+/// (`va_block_work`): the last query tiles of the last head (pair i is tile i % tiles of head
+/// i / tiles), or with `heads_inner` the last tiles' heads (pair i is tile i / heads), or
+/// every tile when there are more pairs than that; `tile_start` holds each sequence's first
+/// query tile (`batch + 1` entries).
+fn split_pairs_longest_keys(
+    problem: &Problem,
+    tile_start: &[i32],
+    tiles: usize,
+    split_pairs: usize,
+    heads_inner: bool,
+) -> usize {
+    let split_tiles = if heads_inner { split_pairs.div_ceil(problem.num_heads) } else { split_pairs };
+    let first_split_tile = tiles - split_tiles.min(tiles);
     (0..problem.batch())
         .filter(|&b| tile_start[b + 1] as usize > first_split_tile.max(tile_start[b] as usize))
         .map(|b| problem.sequence(b).k_len)

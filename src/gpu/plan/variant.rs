@@ -58,6 +58,9 @@ pub(crate) struct Variant {
     /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
     /// sizeable share of the kernel's code, which small problems fetch cold).
     pub softcap: bool,
+    /// Whether the units of work walk each query tile's heads one after another, instead of
+    /// each head's tiles (`tiles::heads_inner`).
+    pub heads_inner: bool,
     pub f16: bool,
     pub target: Target,
 }
@@ -93,6 +96,7 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
+                    heads_inner: false,
                     f16,
                     target,
                 }
@@ -121,6 +125,7 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
+                    heads_inner: false,
                     f16,
                     target,
                 }
@@ -191,7 +196,7 @@ impl Variant {
         if self.f16 {
             d.push("-DVA_IS_F16=1".into());
         }
-        if Tuning::get().heads_inner {
+        if self.heads_inner {
             d.push("-DVA_HEADS_INNER=1".into());
         }
         d
