@@ -105,7 +105,7 @@ pub fn flash_attn_varlen_windowed(
 
 /// `candle_flash_attn::flash_attn_varlen_alibi_windowed_softcap`: [`flash_attn_varlen_windowed`]
 /// with Gemma-style soft-capping of the scaled scores (`softcap · tanh(s / softcap)`).
-/// ALiBi is not supported yet: `alibi_slopes` must be `None`.
+/// `alibi_slopes` (f32, `[num_heads]` or `[batch, num_heads]`) as FlashAttention-2 takes them.
 ///
 /// ```
 /// use candle_core::{Device, Tensor};
@@ -118,7 +118,8 @@ pub fn flash_attn_varlen_windowed(
 /// ```
 ///
 /// # Errors
-/// As [`flash_attn_varlen`], and for `alibi_slopes` given.
+/// As [`flash_attn_varlen`], and for `alibi_slopes` not f32 of one of those shapes (or not one
+/// slope per head, or per sequence and head).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_alibi_windowed_softcap(
     q: &Tensor,
@@ -135,12 +136,12 @@ pub fn flash_attn_varlen_alibi_windowed_softcap(
     softcap: f32,
 ) -> Result<Tensor> {
     let _ = (max_seqlen_q, max_seqlen_k);
-    no_alibi(alibi_slopes)?;
     let params = Params {
         softmax_scale: Some(softmax_scale),
         window_left: window_size_left,
         window_right: window_size_right,
         softcap: Some(softcap),
+        alibi_slopes: slopes(alibi_slopes)?,
         ..cpu()
     };
     with_cumulative(q, k, v, seqlens_q, seqlens_k, &params, false).map(|(out, _)| out)
@@ -181,8 +182,8 @@ pub fn flash_attn_varlen_with_lse(
 /// candle-nn's `flash_attn_varlen_cpu` convention: `seqlens_q`/`seqlens_k` hold each
 /// sequence's length (`[batch]`, u32), not their prefix sums. Its window rules carry over: with
 /// `window_left` set and `window_right` unset the window is causal to the right; `window_right`
-/// without `window_left` is refused; `causal` caps the right side at the diagonal. ALiBi is
-/// not supported yet: `alibi_slopes` must be `None`. Unlike candle-nn's, this call also takes
+/// without `window_left` is refused; `causal` caps the right side at the diagonal. `alibi_slopes`
+/// as in [`flash_attn_varlen_alibi_windowed_softcap`]. Unlike candle-nn's, this call also takes
 /// bf16.
 ///
 /// ```
@@ -195,7 +196,7 @@ pub fn flash_attn_varlen_with_lse(
 /// ```
 ///
 /// # Errors
-/// As [`flash_attn_varlen`], and for `alibi_slopes` given or a right window without a left one.
+/// As [`flash_attn_varlen`], for bad `alibi_slopes`, and for a right window without a left one.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_varlen_cpu(
     q: &Tensor,
@@ -212,7 +213,6 @@ pub fn flash_attn_varlen_cpu(
     window_right: Option<usize>,
 ) -> Result<Tensor> {
     let _ = (max_seqlen_q, max_seqlen_k);
-    no_alibi(alibi_slopes)?;
     let right = match (window_left, window_right) {
         (None, Some(_)) => candle_core::bail!("varlen-attn: window_right needs window_left (candle-nn's rule)"),
         (Some(_), None) => Some(0),
@@ -222,6 +222,7 @@ pub fn flash_attn_varlen_cpu(
         softmax_scale: Some(softmax_scale),
         window_left,
         window_right: if causal { Some(0) } else { right },
+        alibi_slopes: slopes(alibi_slopes)?,
         ..cpu()
     };
     let prefix = |arg, t| prefix_sums(&cumulative(arg, t)?);
@@ -233,11 +234,17 @@ fn cpu() -> Params {
     Params { backend: Backend::Cpu, ..Params::default() }
 }
 
-fn no_alibi(alibi_slopes: Option<&Tensor>) -> Result<()> {
-    if alibi_slopes.is_some() {
-        candle_core::bail!("varlen-attn: alibi_slopes are not supported yet (pass None)");
+/// The slopes of an `alibi_slopes` tensor: f32, `[num_heads]` or `[batch, num_heads]`.
+fn slopes(alibi_slopes: Option<&Tensor>) -> Result<Option<Vec<f32>>> {
+    let Some(t) = alibi_slopes else { return Ok(None) };
+    if t.dtype() != candle_core::DType::F32 || t.rank() == 0 || t.rank() > 2 {
+        candle_core::bail!(
+            "varlen-attn: alibi_slopes must be f32 of shape [num_heads] or [batch, num_heads], got {:?} {:?}",
+            t.dtype(),
+            t.dims()
+        );
     }
-    Ok(())
+    Ok(Some(t.flatten_all()?.to_vec1::<f32>()?))
 }
 
 fn error(e: crate::Error) -> candle_core::Error {

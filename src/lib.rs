@@ -220,7 +220,8 @@ fn execute<T: Element>(
     let magnitudes = problem.check_magnitudes(q.view(), k.view(), v.view())?;
     match params.backend {
         Backend::Gpu => return gpu::forward(problem, q, k, v, out, lse),
-        Backend::Auto if gpu::is_usable(T::DTYPE) => {
+        // ALiBi and sinks run on the CPU only for now: no detour through a GPU that would refuse.
+        Backend::Auto if gpu::is_usable(T::DTYPE) && !problem.has_cpu_only_modifiers() => {
             match gpu::forward(
                 problem,
                 q.view(),

@@ -142,6 +142,31 @@ pub struct Params {
     /// Soft capping: scaled scores `s` become `softcap * tanh(s / softcap)` before the softmax
     /// (Gemma 2's logit soft-capping). Must be finite and positive.
     pub softcap: Option<f32>,
+    /// ALiBi slopes, as FlashAttention-2 takes them: `num_heads` values, or `batch · num_heads`
+    /// (sequence by sequence, then head). The score of query row `i` and key `j` of a sequence
+    /// gets `-slope · |i + Lk - Lq - j|` (bottom-right aligned), after the scale and the
+    /// soft-cap; the LSE is that of the biased scores. Must be finite. The CPU computes it;
+    /// the GPU kernel does not take it yet (`Backend::Auto` then runs on the CPU).
+    ///
+    /// ```
+    /// use ndarray::Array3;
+    /// use varlen_attn::{forward, Params};
+    /// // One query and two keys of equal scores: the nearer key weighs e times the farther.
+    /// let q = Array3::<f32>::zeros((1, 1, 4));
+    /// let k = Array3::<f32>::zeros((2, 1, 4));
+    /// let v = Array3::from_shape_vec((2, 1, 1), vec![0.0f32, 1.0])?;
+    /// let p = Params { alibi_slopes: Some(vec![1.0]), ..Params::default() };
+    /// let out = forward(q.view(), k.view(), v.view(), &[0, 1], &[0, 2], &p)?;
+    /// let e = std::f32::consts::E;
+    /// assert!((out[[0, 0, 0]] - e / (1.0 + e)).abs() < 1e-6);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// Attention sinks: one logit per query head (`num_heads` values) that joins every row's
+    /// softmax denominator and carries no value (gpt-oss's sinks, FlashAttention-3's
+    /// `learnable_sink`): `out = Σ exp(s_j) v_j / (exp(sink) + Σ exp(s_j))`, and the LSE includes
+    /// it. Must be finite. CPU only for now, as `alibi_slopes`.
+    pub sinks: Option<Vec<f32>>,
     /// Where the call runs.
     pub backend: Backend,
     /// Which CPU code path runs (when the call runs on the CPU).

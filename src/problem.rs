@@ -13,6 +13,8 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// One packed sequence: its rows in q and in k/v.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Sequence {
+    /// Its place in the batch.
+    pub index: usize,
     pub q_start: usize,
     pub q_len: usize,
     pub k_start: usize,
@@ -38,6 +40,10 @@ pub(crate) struct Problem<'a> {
     pub scale_exact: f64,
     pub softcap: Option<f32>,
     pub mask: Mask,
+    /// ALiBi slopes: `num_heads` or `batch · num_heads` (validated).
+    alibi_slopes: Option<&'a [f32]>,
+    /// Attention sinks, one per query head (validated).
+    sinks: Option<&'a [f32]>,
 }
 
 impl<'a> Problem<'a> {
@@ -49,7 +55,7 @@ impl<'a> Problem<'a> {
         v: [usize; 3],
         cu_seqlens_q: &'a [i32],
         cu_seqlens_k: &'a [i32],
-        params: &Params,
+        params: &'a Params,
     ) -> Result<Self, Error> {
         let [total_q, num_heads, head_dim] = q;
         let [total_k, num_kv_heads, _] = k;
@@ -81,6 +87,29 @@ impl<'a> Problem<'a> {
             None => 1.0 / (head_dim as f64).sqrt(),
         };
         let softcap = params.softcap.map(|c| positive_finite("softcap", c)).transpose()?;
+        let batch = cu_seqlens_q.len() - 1;
+        let alibi_slopes = params.alibi_slopes.as_deref();
+        if let Some(slopes) = alibi_slopes {
+            if slopes.len() != num_heads && slopes.len() != batch * num_heads {
+                return Err(Error::Param {
+                    name: "alibi_slopes",
+                    value: format!("{} slopes (num_heads {num_heads}, batch {batch})", slopes.len()),
+                    reason: "needs num_heads slopes, or batch · num_heads (one row per sequence)",
+                });
+            }
+            finite("alibi_slopes", slopes)?;
+        }
+        let sinks = params.sinks.as_deref();
+        if let Some(sinks) = sinks {
+            if sinks.len() != num_heads {
+                return Err(Error::Param {
+                    name: "sinks",
+                    value: format!("{} sinks (num_heads {num_heads})", sinks.len()),
+                    reason: "needs one sink per query head",
+                });
+            }
+            finite("sinks", sinks)?;
+        }
         let right = if params.causal {
             match params.window_right {
                 None | Some(0) => Some(0),
@@ -107,13 +136,18 @@ impl<'a> Problem<'a> {
             scale_exact,
             softcap,
             mask: Mask { left: params.window_left, right },
+            alibi_slopes,
+            sinks,
         })
     }
 
     /// The same tensors and parameters cut into other sequences: `cu_seqlens_q` and
     /// `cu_seqlens_k` must be valid for the same token counts (checked in debug builds).
     #[cfg(feature = "gpu")]
-    pub fn with_cu_seqlens<'b>(&self, cu_seqlens_q: &'b [i32], cu_seqlens_k: &'b [i32]) -> Problem<'b> {
+    pub fn with_cu_seqlens<'b>(&self, cu_seqlens_q: &'b [i32], cu_seqlens_k: &'b [i32]) -> Problem<'b>
+    where
+        'a: 'b,
+    {
         debug_assert!(check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, self.total_q).is_ok());
         debug_assert!(check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, self.total_k()).is_ok());
         debug_assert_eq!(cu_seqlens_q.len(), cu_seqlens_k.len());
@@ -129,7 +163,26 @@ impl<'a> Problem<'a> {
             scale_exact: self.scale_exact,
             softcap: self.softcap,
             mask: self.mask,
+            alibi_slopes: self.alibi_slopes,
+            sinks: self.sinks,
         }
+    }
+
+    /// The ALiBi slope of sequence `b`, query head `head` (`None` without slopes).
+    #[inline]
+    pub fn alibi_slope(&self, b: usize, head: usize) -> Option<f32> {
+        self.alibi_slopes.map(|s| if s.len() == self.num_heads { s[head] } else { s[b * self.num_heads + head] })
+    }
+
+    /// The attention sink of query head `head` (`None` without sinks).
+    #[inline]
+    pub fn sink(&self, head: usize) -> Option<f32> {
+        self.sinks.map(|s| s[head])
+    }
+
+    /// Whether the call has score modifiers the GPU kernel does not take yet (ALiBi, sinks).
+    pub fn has_cpu_only_modifiers(&self) -> bool {
+        self.alibi_slopes.is_some() || self.sinks.is_some()
     }
 
     /// The shape of the output, `[total_q, num_heads, head_dim_v]`.
@@ -175,6 +228,7 @@ impl<'a> Problem<'a> {
         let q_start = self.cu_seqlens_q[b] as usize;
         let k_start = self.cu_seqlens_k[b] as usize;
         Sequence {
+            index: b,
             q_start,
             q_len: self.cu_seqlens_q[b + 1] as usize - q_start,
             k_start,
@@ -209,6 +263,20 @@ impl<'a> Problem<'a> {
             }
         }
         let longest_keys = (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64;
+        if let Some(slopes) = self.alibi_slopes {
+            // |i + Lk - Lq - j| < Lq + Lk: the largest bias any score gets.
+            let longest_queries = (0..self.batch()).map(|b| self.sequence(b).q_len).max().unwrap_or(0) as f64;
+            let bias = slopes.iter().fold(0f64, |m, &s| m.max((s as f64).abs())) * (longest_queries + longest_keys);
+            if bias >= F32_EDGE {
+                return Err(Error::BeyondF32 { quantity: "max|alibi slope| · (Lq + Lk)", value: bias });
+            }
+        }
+        if let Some(sinks) = self.sinks {
+            let sink = sinks.iter().fold(0f64, |m, &s| m.max((s as f64).abs()));
+            if sink >= F32_EDGE {
+                return Err(Error::BeyondF32 { quantity: "max|sink|", value: sink });
+            }
+        }
         let score_factor = self.head_dim as f64 * scale.max(1.0);
         // The element type's largest finite value bounds every magnitude: when even that stays
         // inside the edge (f16 with moderate scales), the inputs need not be read. Only bf16
@@ -361,6 +429,13 @@ fn scan<T: Element>(x: ArrayView3<T>, floor: f64) -> Scan {
         }
     };
     Scan { max, below_floor: smallest.is_some_and(|s| s < floor) }
+}
+
+fn finite(name: &'static str, values: &[f32]) -> Result<(), Error> {
+    match values.iter().find(|x| !x.is_finite()) {
+        Some(x) => Err(Error::Param { name, value: x.to_string(), reason: "every value must be finite" }),
+        None => Ok(()),
+    }
 }
 
 fn positive_finite(name: &'static str, value: f32) -> Result<f32, Error> {

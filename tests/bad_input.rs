@@ -133,6 +133,44 @@ fn bad_scale_and_softcap() {
 }
 
 #[test]
+fn bad_alibi_slopes_and_sinks() {
+    // Two heads (params_error's problem), one sequence: 2 slopes, or 1 · 2 per sequence.
+    for (slopes, fragment) in [(vec![0.5], "1 slopes"), (vec![0.5; 3], "3 slopes")] {
+        let err = params_error(Params { alibi_slopes: Some(slopes), ..Params::default() });
+        assert!(matches!(err, Error::Param { name: "alibi_slopes", .. }), "{err}");
+        assert!(err.to_string().contains(fragment) && err.to_string().contains("num_heads"), "{err}");
+    }
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let err = params_error(Params { alibi_slopes: Some(vec![0.5, bad]), ..Params::default() });
+        assert!(
+            matches!(err, Error::Param { name: "alibi_slopes", .. }) && err.to_string().contains("finite"),
+            "{err}"
+        );
+        let err = params_error(Params { sinks: Some(vec![bad, 0.0]), ..Params::default() });
+        assert!(matches!(err, Error::Param { name: "sinks", .. }) && err.to_string().contains("finite"), "{err}");
+    }
+    let err = params_error(Params { sinks: Some(vec![0.0; 3]), ..Params::default() });
+    assert!(matches!(err, Error::Param { name: "sinks", .. }) && err.to_string().contains("3 sinks"), "{err}");
+    // Slopes whose bias passes the range of f32.
+    let zeros = Array3::<f32>::zeros((4, 2, 8));
+    let p = Params { alibi_slopes: Some(vec![1e38, 0.0]), ..Params::default() };
+    let err = varlen_attn::forward(zeros.view(), zeros.view(), zeros.view(), &[0, 4], &[0, 4], &p).unwrap_err();
+    assert!(matches!(err, Error::BeyondF32 { quantity, .. } if quantity.contains("slope")), "{err}");
+    // The GPU does not take them yet: a clear refusal, not a wrong answer.
+    let x = Array3::from_elem((4, 2, 8), half::bf16::ZERO);
+    let p = Params { sinks: Some(vec![0.0, 0.0]), backend: Backend::Gpu, ..Params::default() };
+    let err = varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 4], &[0, 4], &p).unwrap_err();
+    if cfg!(feature = "gpu") {
+        assert!(matches!(&err, Error::GpuUnsupported(why) if why.contains("sinks")), "{err}");
+    } else {
+        assert_eq!(err, Error::GpuNotCompiled);
+    }
+    // `Auto` computes them on the CPU.
+    let auto = Params { backend: Backend::Auto, ..p };
+    assert!(varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 4], &[0, 4], &auto).is_ok());
+}
+
+#[test]
 fn causal_with_a_right_window() {
     let err = params_error(Params { causal: true, window_right: Some(3), ..Params::default() });
     assert!(matches!(err, Error::Param { name: "window_right", .. }));

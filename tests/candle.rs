@@ -70,6 +70,27 @@ fn every_mask_and_dtype<T: Element + candle_core::WithDType>() {
         flash_attn_varlen_alibi_windowed_softcap(&qt, &kt, &vt, None, &cq, &ck, 93, 109, scale, Some(30), None, 5.0)
             .unwrap();
     same(&capped, &forward(Params { window_left: Some(30), softcap: Some(5.0), ..Params::default() }));
+    // ALiBi slopes, per head and per sequence and head, as FlashAttention-2 takes them.
+    for slopes in [vec![0.5f32, 0.25, 0.125, 0.0625], (0..12).map(|i| 0.01 * i as f32).collect()] {
+        let shape: &[usize] = if slopes.len() == 4 { &[4] } else { &[3, 4] };
+        let tensor = Tensor::from_vec(slopes.clone(), shape, &Device::Cpu).unwrap();
+        let biased = flash_attn_varlen_alibi_windowed_softcap(
+            &qt,
+            &kt,
+            &vt,
+            Some(&tensor),
+            &cq,
+            &ck,
+            93,
+            109,
+            scale,
+            None,
+            None,
+            5.0,
+        )
+        .unwrap();
+        same(&biased, &forward(Params { softcap: Some(5.0), alibi_slopes: Some(slopes), ..Params::default() }));
+    }
 
     let (out, lse) = flash_attn_varlen_with_lse(&qt, &kt, &vt, &cq, &ck, 93, 109, scale, true).unwrap();
     let params = cpu(Params { softmax_scale: Some(scale), causal: true, ..Params::default() });
@@ -157,22 +178,27 @@ fn bad_tensors_give_candle_errors_naming_the_argument() {
     let two_d = Tensor::zeros((2, 2), DType::U32, &Device::Cpu).unwrap();
     let m = message(flash_attn_varlen(&x, &x, &x, &two_d, &cu, 6, 6, 0.3, false));
     assert!(m.contains("seqlens_q must have rank 1"), "{m}");
-    let slopes = Tensor::zeros(2, DType::F32, &Device::Cpu).unwrap();
-    let m = message(flash_attn_varlen_alibi_windowed_softcap(
-        &x,
-        &x,
-        &x,
-        Some(&slopes),
-        &cu,
-        &cu,
-        6,
-        6,
-        0.3,
-        None,
-        None,
-        5.0,
-    ));
-    assert!(m.contains("alibi"), "{m}");
+    for (slopes, fragment) in [
+        (Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap(), "num_heads"),
+        (Tensor::zeros(2, DType::F16, &Device::Cpu).unwrap(), "f32"),
+        (Tensor::zeros((1, 1, 2), DType::F32, &Device::Cpu).unwrap(), "[batch, num_heads]"),
+    ] {
+        let m = message(flash_attn_varlen_alibi_windowed_softcap(
+            &x,
+            &x,
+            &x,
+            Some(&slopes),
+            &cu,
+            &cu,
+            6,
+            6,
+            0.3,
+            None,
+            None,
+            5.0,
+        ));
+        assert!(m.contains("alibi_slopes") && m.contains(fragment), "{m}");
+    }
     let lengths = u32s(&[6]);
     let m = message(flash_attn_varlen_cpu(&x, &x, &x, None, &lengths, &lengths, 6, 6, 0.3, false, None, Some(2)));
     assert!(m.contains("window_right needs window_left"), "{m}");

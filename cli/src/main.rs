@@ -89,6 +89,7 @@ impl AttentionArgs {
             softcap: self.softcap,
             backend: self.backend,
             cpu_isa: self.isa,
+            ..Params::default()
         })
     }
 }
@@ -161,9 +162,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// `params` with the file's ALiBi slopes and sinks, where it has them.
+fn with_modifiers<T>(params: &Params, inputs: &Inputs<T>) -> Params {
+    Params { alibi_slopes: inputs.alibi_slopes.clone(), sinks: inputs.sinks.clone(), ..params.clone() }
+}
+
 fn run(args: &RunArgs) -> Result<(), Failure> {
     let params = args.attention.params()?;
     fn typed<T: FileElement>(inputs: Inputs<T>, params: &Params, args: &RunArgs) -> Result<(), Failure> {
+        let params = &with_modifiers(params, &inputs);
         let (out, lse) = varlen_attn::forward_with_lse(
             inputs.q.view(),
             inputs.k.view(),
@@ -187,6 +194,7 @@ fn run(args: &RunArgs) -> Result<(), Failure> {
 fn check(args: &CheckArgs) -> Result<(), Failure> {
     let params = args.attention.params()?;
     fn typed<T: FileElement>(i: Inputs<T>, params: &Params) -> Result<(), Failure> {
+        let params = &with_modifiers(params, &i);
         let (q, k, v) = (i.q.view(), i.k.view(), i.v.view());
         let (cu_q, cu_k) = (&i.cu_seqlens_q, &i.cu_seqlens_k);
         let (out, lse) = varlen_attn::forward_with_lse(q, k, v, cu_q, cu_k, params).map_err(Failure::from_library)?;

@@ -31,6 +31,10 @@ pub struct Inputs<T> {
     pub v: Array3<T>,
     pub cu_seqlens_q: Vec<i32>,
     pub cu_seqlens_k: Vec<i32>,
+    /// The optional `alibi_slopes` tensor (f32 `[num_heads]` or `[batch, num_heads]`), flattened.
+    pub alibi_slopes: Option<Vec<f32>>,
+    /// The optional `sinks` tensor (f32 `[num_heads]`).
+    pub sinks: Option<Vec<f32>>,
 }
 
 /// Inputs of whichever element type the file holds.
@@ -40,15 +44,18 @@ pub enum AnyInputs {
     F32(Inputs<f32>),
 }
 
-const LAYOUTS: [(&str, &str); 5] = [
+const LAYOUTS: [(&str, &str); 7] = [
     ("q", "bf16, f16 or f32 [total_q, num_heads, head_dim]"),
     ("k", "the dtype of q, [total_k, num_kv_heads, head_dim]"),
     ("v", "the dtype of q, [total_k, num_kv_heads, head_dim_v]"),
     ("cu_seqlens_q", "i32 [batch + 1]"),
     ("cu_seqlens_k", "i32 [batch + 1]"),
+    ("alibi_slopes", "optional, f32 [num_heads] or [batch, num_heads]"),
+    ("sinks", "optional, f32 [num_heads]"),
 ];
 
-/// Reads `q`, `k`, `v`, `cu_seqlens_q` and `cu_seqlens_k` from a safetensors file.
+/// Reads `q`, `k`, `v`, `cu_seqlens_q` and `cu_seqlens_k` (and `alibi_slopes` and `sinks`
+/// where present) from a safetensors file.
 pub fn read_inputs(path: &Path) -> Result<AnyInputs, Failure> {
     let bytes = std::fs::read(path).map_err(|e| Failure::input(format!("cannot read {}: {e}", path.display())))?;
     parse_inputs(&bytes, &path.display().to_string())
@@ -71,6 +78,19 @@ pub fn parse_inputs(bytes: &[u8], file_name: &str) -> Result<AnyInputs, Failure>
     let (k, v) = (tensor("k")?, tensor("v")?);
     let cu_seqlens_q = read_cu_seqlens("cu_seqlens_q", &tensor("cu_seqlens_q")?)?;
     let cu_seqlens_k = read_cu_seqlens("cu_seqlens_k", &tensor("cu_seqlens_k")?)?;
+    let optional = |name: &'static str, ranks: &[usize]| -> Result<Option<Vec<f32>>, Failure> {
+        let Ok(t) = file.tensor(name) else { return Ok(None) };
+        let expected = LAYOUTS.iter().find(|(n, _)| *n == name).map_or("", |(_, l)| l);
+        if t.dtype() != Dtype::F32 || !ranks.contains(&t.shape().len()) {
+            return Err(Failure::input(format!(
+                "tensor `{name}` has dtype {:?} and shape {:?}; expected {expected}",
+                t.dtype(),
+                t.shape()
+            )));
+        }
+        Ok(Some(bytemuck::pod_collect_to_vec(t.data())))
+    };
+    let modifiers = (optional("alibi_slopes", &[1, 2])?, optional("sinks", &[1])?);
     for (name, t) in [("k", &k), ("v", &v)] {
         if t.dtype() != q.dtype() {
             return Err(Failure::input(format!(
@@ -86,6 +106,7 @@ pub fn parse_inputs(bytes: &[u8], file_name: &str) -> Result<AnyInputs, Failure>
         v: &TensorView,
         cu_q: Vec<i32>,
         cu_k: Vec<i32>,
+        (alibi_slopes, sinks): (Option<Vec<f32>>, Option<Vec<f32>>),
     ) -> Result<Inputs<T>, Failure> {
         Ok(Inputs {
             q: array3("q", q)?,
@@ -93,12 +114,14 @@ pub fn parse_inputs(bytes: &[u8], file_name: &str) -> Result<AnyInputs, Failure>
             v: array3("v", v)?,
             cu_seqlens_q: cu_q,
             cu_seqlens_k: cu_k,
+            alibi_slopes,
+            sinks,
         })
     }
     match q.dtype() {
-        Dtype::BF16 => Ok(AnyInputs::Bf16(typed(&q, &k, &v, cu_seqlens_q, cu_seqlens_k)?)),
-        Dtype::F16 => Ok(AnyInputs::F16(typed(&q, &k, &v, cu_seqlens_q, cu_seqlens_k)?)),
-        Dtype::F32 => Ok(AnyInputs::F32(typed(&q, &k, &v, cu_seqlens_q, cu_seqlens_k)?)),
+        Dtype::BF16 => Ok(AnyInputs::Bf16(typed(&q, &k, &v, cu_seqlens_q, cu_seqlens_k, modifiers)?)),
+        Dtype::F16 => Ok(AnyInputs::F16(typed(&q, &k, &v, cu_seqlens_q, cu_seqlens_k, modifiers)?)),
+        Dtype::F32 => Ok(AnyInputs::F32(typed(&q, &k, &v, cu_seqlens_q, cu_seqlens_k, modifiers)?)),
         other => Err(Failure::input(format!("tensor `q` has dtype {other:?}; expected BF16, F16 or F32"))),
     }
 }

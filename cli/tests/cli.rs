@@ -117,6 +117,39 @@ fn run_takes_window_scale_and_softcap() {
     assert!(file.tensor("lse").is_err());
 }
 
+fn f32_entry(name: &'static str, shape: &[usize], v: &[f32]) -> Entry {
+    Entry(name, Dtype::F32, shape.to_vec(), bytemuck::cast_slice(v).to_vec())
+}
+
+#[test]
+fn run_and_check_take_alibi_slopes_and_sinks_from_the_file() {
+    let dir = temp_dir();
+    let (input, output) = (dir.path().join("in.safetensors"), dir.path().join("out.safetensors"));
+    let c = case();
+    let (slopes, sinks) = ((0..12).map(|i| i as f32 / 16.0).collect::<Vec<f32>>(), vec![0.5f32, -1.0, 2.0, 0.0]);
+    let mut with = entries(&c);
+    with.push(f32_entry("alibi_slopes", &[3, 4], &slopes));
+    with.push(f32_entry("sinks", &[4], &sinks));
+    write_file(&input, &with);
+    bin().args(["run", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()]).assert().success();
+    let bytes = std::fs::read(&output).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let got: Vec<bf16> = bytemuck::pod_collect_to_vec(file.tensor("out").unwrap().data());
+    let params = Params { alibi_slopes: Some(slopes), sinks: Some(sinks), ..Params::default() };
+    let expected = varlen_attn::forward(c.q.view(), c.k.view(), c.v.view(), &c.cu_q, &c.cu_k, &params).unwrap();
+    assert_eq!(got, expected.into_raw_vec_and_offset().0);
+    bin().args(["check", "--input", input.to_str().unwrap()]).assert().success();
+    // A slope tensor of the wrong dtype is named.
+    let mut bad = entries(&c);
+    bad.push(i32_entry("alibi_slopes", &[1, 2, 3, 4]));
+    write_file(&input, &bad);
+    bin()
+        .args(["check", "--input", input.to_str().unwrap()])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("alibi_slopes").and(predicate::str::contains("f32")));
+}
+
 #[test]
 fn check_prints_error_statistics() {
     let dir = temp_dir();

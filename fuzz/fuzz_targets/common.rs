@@ -56,7 +56,7 @@ pub fn check<T: Element>(
             assert_eq!(expected, got, "fast path and oracle disagree on the error");
         }
         (Ok(_), Err(Error::BeyondF32 { .. })) => {
-            assert!(beyond_f32_edge(q, k, v, cu_k, params), "refused as beyond f32's edge inputs inside it");
+            assert!(beyond_f32_edge(q, k, v, cu_q, cu_k, params), "refused as beyond f32's edge inputs inside it");
         }
         (Ok(_), Err(got)) => {
             assert!(out_shape_error && matches!(got, Error::Shape { arg: "out", .. }), "fast path refused what the oracle accepted: {got}");
@@ -66,7 +66,7 @@ pub fn check<T: Element>(
             assert!(!out_shape_error, "a wrongly shaped output was accepted");
             assert_eq!(out.dim(), expected_shape);
             if finite_normal {
-                assert!(!beyond_f32_edge(q, k, v, cu_k, params), "accepted inputs beyond f32's edge");
+                assert!(!beyond_f32_edge(q, k, v, cu_q, cu_k, params), "accepted inputs beyond f32's edge");
                 // Where the oracle's output overflows T, f32 may round either way: not compared.
                 for (exact, got) in reference.out.iter_mut().zip(&out) {
                     if !oracle::round_to::<T>(*exact).to_f32().is_finite() {
@@ -86,15 +86,27 @@ pub fn check<T: Element>(
 
 /// The documented edge (`varlen_attn::F32_EDGE`), computed here independently: whether
 /// `head_dim · max|q| · max|k| · max(1, 2·scale)`, `max|v| · (longest key sequence)`,
-/// `2·scale` or `scale / softcap` reaches 2^126.
-fn beyond_f32_edge<T: Element>(q: ArrayView3<T>, k: ArrayView3<T>, v: ArrayView3<T>, cu_k: &[i32], params: &Params) -> bool {
+/// `2·scale`, `scale / softcap`, `max|alibi slope| · (longest Lq + longest Lk)` or `max|sink|`
+/// reaches 2^126.
+fn beyond_f32_edge<T: Element>(
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    params: &Params,
+) -> bool {
     let max = |x: ArrayView3<T>| x.iter().map(|e| e.to_f32().abs() as f64).fold(0.0, f64::max);
     let d = q.dim().2 as f64;
     let scale = params.softmax_scale.map_or(1.0 / d.sqrt(), f64::from);
     let longest = cu_k.windows(2).map(|w| (w[1] - w[0]) as f64).fold(0.0, f64::max);
+    let longest_q = cu_q.windows(2).map(|w| (w[1] - w[0]) as f64).fold(0.0, f64::max);
+    let largest = |x: &Option<Vec<f32>>| x.iter().flatten().fold(0f64, |m, &s| m.max((s as f64).abs()));
     let edge = 2f64.powi(126);
     d * max(q) * max(k) * (2.0 * scale).max(1.0) >= edge
         || max(v) * longest >= edge
         || 2.0 * scale >= edge
         || params.softcap.is_some_and(|c| scale / c as f64 >= edge)
+        || largest(&params.alibi_slopes) * (longest_q + longest) >= edge
+        || largest(&params.sinks) >= edge
 }

@@ -174,14 +174,36 @@ fn case<T: Element>(u: &mut Unstructured) -> Result<()> {
             _ => Some(u.int_in_range(1u8..=200)? as f32 / 20.0),
         })
     };
+    // ALiBi slopes and sinks: none, the right count (per head, or per sequence and head), or a
+    // wrong one; moderate values, or any f32.
+    let modifiers = |u: &mut Unstructured, counts: &[usize]| -> Result<Option<Vec<f32>>> {
+        let count = match u.int_in_range(0..=7)? {
+            0..=4 => return Ok(None),
+            5 => u.int_in_range(0..=9)?,
+            n => counts[(n as usize - 6) % counts.len()],
+        };
+        let wild = u.ratio(1, 8)?;
+        (0..count)
+            .map(|_| {
+                Ok(if wild { f32::from_bits(u.arbitrary()?) } else { u.int_in_range(-64i8..=64)? as f32 / 16.0 })
+            })
+            .collect::<Result<Vec<f32>>>()
+            .map(Some)
+    };
+    let batch = cu_q.len().saturating_sub(1);
+    let alibi_slopes = modifiers(u, &[heads, batch * heads])?;
+    let sinks = modifiers(u, &[heads])?;
     let params = Params {
         softmax_scale: float(u)?,
+        alibi_slopes,
+        sinks,
         softcap: float(u)?,
         causal,
         window_left: if u.arbitrary()? { Some(u.int_in_range(0..=50)?) } else { None },
         window_right: if u.ratio(1, 3)? { Some(u.int_in_range(0..=50)?) } else { None },
         backend: Backend::Cpu,
         cpu_isa: *u.choose(&ISAS)?,
+        ..Params::default()
     };
     let entry: u8 = u.int_in_range(0..=3)?;
     let out_shape_error = entry >= 2 && u.ratio(1, 16)?;

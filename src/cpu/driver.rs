@@ -2,7 +2,7 @@
 //! rows once, stream the (already packed) key/value blocks through the kernel's two products and
 //! the online softmax, normalise, write the rows out.
 
-use super::score::ScoreMap;
+use super::score::{AlibiBlock, ScoreMap};
 use super::softmax::RowState;
 use super::tile::{round_up, TileKernel};
 use super::workspace::Carver;
@@ -95,7 +95,8 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
 
     let q_tokens = seq.q_start + item.rows.start..seq.q_start + item.rows.end;
     kernel.pack_q(&io.q, q_tokens.clone(), item.head, q);
-    let map = ScoreMap { scale: problem.scale, softcap: problem.softcap };
+    let slope = problem.alibi_slope(seq.index, item.head);
+    let diagonal0 = (item.rows.start + lk) as i64 - lq as i64;
     let mask = problem.mask;
     let keys = mask.visible_keys_of_block(item.rows.clone(), lq, lk);
     let blocks = if keys.is_empty() { 0..0 } else { keys.start / K::KEY_BLOCK..keys.end.div_ceil(K::KEY_BLOCK) };
@@ -116,6 +117,8 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
             let clip = |j: usize| j.clamp(block.start, block.end) - block.start;
             Some(clip(seen.start)..clip(seen.end))
         };
+        let alibi = slope.map(|slope| AlibiBlock { slope, diagonal0, key0: block.start as i64 });
+        let map = ScoreMap { scale: problem.scale, softcap: problem.softcap, alibi };
         let mut state = RowState { max, sum, alpha };
         kernel.softmax(scores, p, rows, width, map, &visible, &mut state);
 
@@ -138,14 +141,24 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
         }
     }
 
+    // A sink joins each row's max and denominator as one more score, with no value.
+    let sink = problem.sink(item.head).map(|s| s * core::f32::consts::LOG2_E);
     for r in 0..rows {
         let token = q_tokens.start + r;
-        let (m, l) = (max[r], sum[r]);
+        let (m, l, o_factor) = match sink {
+            None => (max[r], sum[r], 1.0),
+            Some(sink) => {
+                let m = max[r];
+                let with_sink = if m.is_nan() { m } else { m.max(sink) };
+                let alpha = (m - with_sink).exp2();
+                (with_sink, sum[r] * alpha + (sink - with_sink).exp2(), alpha)
+            }
+        };
         // A row that saw no key (or only scores of -inf) has l == 0: output 0, LSE -inf. One
         // reciprocal per row, not a division per element (a fifth of a 64-token sequence's
         // time went to the divisions).
         let seen = l != 0.0;
-        let inv = 1.0 / l;
+        let inv = o_factor / l;
         let value = |j: usize| if seen { o[K::o_index(dv, r, j)] * inv } else { 0.0 };
         // SAFETY: the caller guarantees this item's rows are ours alone.
         unsafe { io.out.write_row(token, item.head, |j| T::from_f32(value(j))) };

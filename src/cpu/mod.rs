@@ -337,6 +337,12 @@ mod tests {
     use half::bf16;
     use ndarray::Array3;
 
+    /// Default parameters that outlive the problems borrowing them.
+    fn default_params() -> &'static Params {
+        static PARAMS: std::sync::OnceLock<Params> = std::sync::OnceLock::new();
+        PARAMS.get_or_init(Params::default)
+    }
+
     /// Runs the bf16 matrix kernels as they are, whatever the flush question says.
     fn forced_bf16_products(
         q: &Array3<bf16>,
@@ -351,7 +357,7 @@ mod tests {
             v.shape().try_into().unwrap(),
             cu,
             cu,
-            &Params::default(),
+            default_params(),
         )
         .unwrap();
         let mut out = Array3::from_elem(problem.out_shape(), bf16::ZERO);
@@ -381,10 +387,9 @@ mod tests {
             bf16::from_f64(sign * floor * (1.0 + uniform()))
         });
         let cu = [0, 40, tokens as i32];
-        let problem =
-            Problem::new([tokens, 2, d], [tokens, 2, d], [tokens, 2, d], &cu, &cu, &Params::default()).unwrap();
+        let problem = Problem::new([tokens, 2, d], [tokens, 2, d], [tokens, 2, d], &cu, &cu, default_params()).unwrap();
         assert!(problem.check_magnitudes(q.view(), k.view(), v.view()).unwrap().bf16_products_exact);
-        let reference = crate::oracle::reference(q.view(), k.view(), v.view(), &cu, &cu, &Params::default()).unwrap();
+        let reference = crate::oracle::reference(q.view(), k.view(), v.view(), &cu, &cu, default_params()).unwrap();
         for isa in [CpuIsa::Avx512Bf16, CpuIsa::Amx] {
             let available = match isa {
                 CpuIsa::Amx => amx::AmxKernel::<bf16>::try_new().is_some(),

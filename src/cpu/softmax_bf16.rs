@@ -4,7 +4,7 @@
 //! the denominator summed from the unrounded f32 probabilities); only the store differs.
 
 use super::math::EXP2_POLY;
-use super::score::{ScoreMap, SoftCap};
+use super::score::{add_alibi, ScoreMap, SoftCap};
 use super::softmax::RowState;
 use core::arch::x86_64::*;
 use core::ops::Range;
@@ -28,6 +28,7 @@ pub(crate) unsafe fn step(
     state: &mut RowState<'_>,
 ) {
     pulp::Simd::vectorize(simd, SoftCap { scores: s, stride, rows, keys, map });
+    add_alibi(s, rows, keys, |r, j| r * stride + j, map);
     // SAFETY: the caller's guarantee.
     unsafe { update(s, stride, p, rows, keys, map.log2_factor(), visible, state) };
 }

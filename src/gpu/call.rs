@@ -50,6 +50,7 @@ pub fn forward_device<T: Element>(
     out: DeviceTensorMut<T>,
     lse: Option<&mut DeviceBuffer<f32>>,
 ) -> Result<(), Error> {
+    refuse_cpu_only_modifiers(params)?;
     let problem = Problem::new(q.shape, k.shape, v.shape, cu_seqlens_q, cu_seqlens_k, params)?;
     check_outputs(&problem, &out, lse.as_deref())?;
     device.run(&problem, &q, &k, &v, out, lse)
@@ -107,6 +108,7 @@ pub fn forward_device_seqlens<T: Element>(
     if q_len < 2 {
         return Err(Error::CuSeqlensTooShort { arg: "cu_seqlens_q", len: q_len });
     }
+    refuse_cpu_only_modifiers(params)?;
     // The host validates the call as one sequence of all the tokens: shapes, heads, parameters.
     let tokens =
         |n: usize| i32::try_from(n).map_err(|_| Error::GpuUnsupported(format!("{n} tokens: cu_seqlens are i32")));
@@ -115,6 +117,19 @@ pub fn forward_device_seqlens<T: Element>(
     let problem = Problem::new(q.shape, k.shape, v.shape, &whole_q, &whole_k, params)?;
     check_outputs(&problem, &out, lse.as_deref())?;
     device.run_with_device_seqlens(&problem, [cu_seqlens_q, cu_seqlens_k], &q, &k, &v, out, lse)
+}
+
+/// The GPU kernel does not take ALiBi slopes or attention sinks yet.
+fn refuse_cpu_only_modifiers(params: &Params) -> Result<(), Error> {
+    if params.alibi_slopes.is_some() || params.sinks.is_some() {
+        return Err(cpu_only_modifiers());
+    }
+    Ok(())
+}
+
+/// The error of calls with ALiBi slopes or attention sinks on the GPU.
+pub(crate) fn cpu_only_modifiers() -> Error {
+    Error::GpuUnsupported("ALiBi slopes and attention sinks run on the CPU only for now".into())
 }
 
 /// Checks that `out` has the problem's output shape and that `lse`, if given, holds

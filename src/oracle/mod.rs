@@ -2,9 +2,10 @@
 //!
 //! No tiling, no SIMD, no online softmax, no code shared with the fast kernels beyond input
 //! validation (so it returns exactly the same errors): for every sequence, head and query row it
-//! lists the visible keys, takes `s_j = scale · q·k_j` (then `softcap · tanh(s_j / softcap)`),
-//! `m = max s_j`, `p_j = exp(s_j - m)`, and returns `Σ p_j v_j / Σ p_j` and
-//! `lse = m + ln Σ p_j`, all in `f64`.
+//! lists the visible keys, takes `s_j = scale · q·k_j` (then `softcap · tanh(s_j / softcap)`,
+//! then minus ALiBi's `slope · |i + Lk - Lq - j|`), `m = max(s_j, sink)`, `p_j = exp(s_j - m)`,
+//! and returns `Σ p_j v_j / (Σ p_j + exp(sink - m))` and `lse = m + ln(Σ p_j + exp(sink - m))`
+//! (the sink terms only with sinks), all in `f64`.
 //!
 //! Use [`forward`] where you want the crate's result type, [`reference()`] for the unrounded `f64`
 //! values with per-row error bounds, and [`Reference::compare`] to check another
@@ -206,8 +207,11 @@ pub fn reference_rows<T: Element>(
         };
         for h in 0..heads {
             let hk = h / group;
+            let slope = problem.alibi_slope(b, h).map_or(0.0, f64::from);
+            let sink = problem.sink(h).map(f64::from);
             scores.clear();
             let mut abs_dot_max = 0f64;
+            let mut bias_max = 0f64;
             let mut v_max = 0f64;
             for j in (0..k1 - k0).filter(|&j| sees(j)) {
                 let key = (k0 + j) as usize;
@@ -221,6 +225,10 @@ pub fn reference_rows<T: Element>(
                 if let Some(c) = softcap {
                     s = c * (s / c).tanh();
                 }
+                // ALiBi: after the scale and the soft-cap, by the distance from the diagonal.
+                let bias = slope * (diagonal - j).abs() as f64;
+                bias_max = bias_max.max(bias.abs());
+                s -= bias;
                 scores.push((key, s));
                 abs_dot_max = abs_dot_max.max(abs_dot);
                 for &x in v.slice(ndarray::s![key, hk, ..]) {
@@ -228,21 +236,31 @@ pub fn reference_rows<T: Element>(
                 }
             }
             let softcap_error = softcap.map_or(0.0, |c| 8.0 * c * u32_);
+            // The bias's product and its addition, each rounded in f32.
+            let alibi_error = 2.0 * u32_ * bias_max;
             bounds[[row, h]] = RowBound {
                 visible: scores.len(),
                 v_max,
-                score_error: scale * ((gamma_d + 3.0 * u32_) * abs_dot_max + d * F32_MIN_NORMAL) + softcap_error,
+                score_error: scale * ((gamma_d + 3.0 * u32_) * abs_dot_max + d * F32_MIN_NORMAL)
+                    + softcap_error
+                    + alibi_error,
             };
             // The max, with NaN winning so that NaN scores give NaN rows as IEEE arithmetic
             // would.
-            let m = scores
-                .iter()
-                .fold(f64::NEG_INFINITY, |m, &(_, s)| if s.is_nan() || m.is_nan() { f64::NAN } else { m.max(s) });
+            // A sink joins the max (and the denominator below), so that a large one cannot
+            // overflow the sum.
+            let m = scores.iter().fold(sink.unwrap_or(f64::NEG_INFINITY), |m, &(_, s)| {
+                if s.is_nan() || m.is_nan() {
+                    f64::NAN
+                } else {
+                    m.max(s)
+                }
+            });
             if m == f64::NEG_INFINITY {
                 // No visible key, or every score is -inf: output 0, LSE -inf.
                 continue;
             }
-            let mut denominator = 0f64;
+            let mut denominator = sink.map_or(0.0, |s| (s - m).exp());
             let mut acc = vec![0f64; dv];
             for &(key, s) in &scores {
                 let p = (s - m).exp();

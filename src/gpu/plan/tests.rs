@@ -4,6 +4,12 @@ use super::variant::MAX_SHARED_BYTES;
 use super::*;
 use crate::params::Params;
 
+/// Default parameters that outlive the problems borrowing them.
+fn default_params() -> &'static Params {
+    static PARAMS: std::sync::OnceLock<Params> = std::sync::OnceLock::new();
+    PARAMS.get_or_init(Params::default)
+}
+
 #[test]
 fn params_match_the_kernel_struct_layout() {
     // 12 pointers, 8 strides, 17 four-byte fields and the 195-entry array (no padding: 1008
@@ -18,7 +24,7 @@ fn params_match_the_kernel_struct_layout() {
 #[test]
 fn windows_wider_than_every_distance_are_clamped() {
     let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
-    let plain = with(&Params::default()).params(None, None, None, None);
+    let plain = with(default_params()).params(None, None, None, None);
     assert_eq!((plain.window_left, plain.window_right), (-1, -1));
     // 100 queries + 100 keys: no distance reaches 200.
     let huge = with(&Params { window_left: Some(usize::MAX), window_right: Some(7), ..Params::default() })
@@ -29,7 +35,7 @@ fn windows_wider_than_every_distance_are_clamped() {
 #[test]
 fn soft_cap_code_is_compiled_in_only_for_calls_with_a_cap() {
     let with = |params: &Params| plan_with(Target::Wgmma, 100, 1, params);
-    let plain = with(&Params::default());
+    let plain = with(default_params());
     assert!(!plain.variant.softcap && plain.variant.defines().contains(&"-DVA_SOFTCAP=0".to_string()));
     let capped = with(&Params { softcap: Some(30.0), ..Params::default() });
     assert!(capped.variant.softcap && capped.variant.defines().contains(&"-DVA_SOFTCAP=1".to_string()));
@@ -39,7 +45,7 @@ fn soft_cap_code_is_compiled_in_only_for_calls_with_a_cap() {
 fn tiles_count_each_sequence_and_skip_empty_ones() {
     let cu_q = [0, 64, 64, 130];
     let cu_k = [0, 10, 20, 30];
-    let problem = Problem::new([130, 2, 72], [30, 1, 72], [30, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
+    let problem = Problem::new([130, 2, 72], [30, 1, 72], [30, 1, 72], &cu_q, &cu_k, default_params()).unwrap();
     let plan = plan_on(Target::Mma, &problem);
     assert_eq!(plan.tile_start(), [0, 1, 1, 2]);
     // Two tiles × two heads, one block each.
@@ -93,7 +99,7 @@ fn hopper_variants_keep_head_dim_v_72_and_fit_shared_memory() {
 fn metadata_travels_inline_or_is_laid_out_for_the_copy() {
     let cu_small = [0, 64, 64, 130];
     let problem =
-        Problem::new([130, 1, 72], [130, 1, 72], [130, 1, 72], &cu_small, &cu_small, &Params::default()).unwrap();
+        Problem::new([130, 1, 72], [130, 1, 72], [130, 1, 72], &cu_small, &cu_small, default_params()).unwrap();
     let plan = plan_on(Target::Mma, &problem);
     assert_eq!(plan.metadata_to_copy(), None);
     let params = plan.params(None, None, None, None);
@@ -103,7 +109,7 @@ fn metadata_travels_inline_or_is_laid_out_for_the_copy() {
     // 100 sequences: 3 × 101 entries do not fit in the parameter block.
     let cu_q: Vec<i32> = (0..=100).collect();
     let cu_k: Vec<i32> = (0..=100).map(|i| 2 * i).collect();
-    let problem = Problem::new([100, 1, 72], [200, 1, 72], [200, 1, 72], &cu_q, &cu_k, &Params::default()).unwrap();
+    let problem = Problem::new([100, 1, 72], [200, 1, 72], [200, 1, 72], &cu_q, &cu_k, default_params()).unwrap();
     let plan = plan_on(Target::Mma, &problem);
     let copied = plan.metadata_to_copy().expect("too large to inline");
     assert_eq!((&copied[..101], &copied[101..202], &copied[202..]), (&cu_q[..], &cu_k[..], &cu_q[..]));
@@ -116,7 +122,7 @@ fn metadata_travels_inline_or_is_laid_out_for_the_copy() {
 /// One sequence of `length` tokens and `heads` heads of 72 columns, planned for 132
 /// multiprocessors (an H200).
 fn plan_one(target: Target, length: usize, heads: usize) -> Plan {
-    plan_with(target, length, heads, &Params::default())
+    plan_with(target, length, heads, default_params())
 }
 
 fn plan_with(target: Target, length: usize, heads: usize, params: &Params) -> Plan {
@@ -129,7 +135,7 @@ fn plan_with(target: Target, length: usize, heads: usize, params: &Params) -> Pl
 #[test]
 fn the_parameter_block_carries_the_operands_and_the_problem() {
     let cu = [0, 100];
-    let problem = Problem::new([100, 4, 72], [100, 2, 72], [100, 2, 64], &cu, &cu, &Params::default()).unwrap();
+    let problem = Problem::new([100, 4, 72], [100, 2, 72], [100, 2, 64], &cu, &cu, default_params()).unwrap();
     let operand = |address, token_stride, head_stride| Operand { address, token_stride, head_stride };
     let operands = Operands {
         q: operand(1 << 20, 288, 72),
@@ -160,8 +166,7 @@ fn narrow_heads_take_192_row_or_192_key_tiles_where_they_pad_little() {
             cu.push(cu.last().unwrap() + l as i32);
         }
         let total = *cu.last().unwrap() as usize;
-        let problem =
-            Problem::new([total, 16, d], [total, 16, d], [total, 16, d], &cu, &cu, &Params::default()).unwrap();
+        let problem = Problem::new([total, 16, d], [total, 16, d], [total, 16, d], &cu, &cu, default_params()).unwrap();
         let v = Plan::new(&problem, false, hopper, &Tuning::default(), Operands::default()).variant;
         (v.block_m(), v.block_n)
     };
@@ -191,7 +196,7 @@ fn narrow_heads_take_192_row_or_192_key_tiles_where_they_pad_little() {
     // takes the tiles of as many sequences of equal length.
     let on_device = |tokens: usize, batch: usize, d: usize| {
         let (cu, shape) = ([0, tokens as i32], [tokens, 16, d]);
-        let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, default_params()).unwrap();
         let tuning = Tuning::default();
         let v =
             Plan::with_device_seqlens(&problem, batch, [0x1000, 0x2000], false, hopper, &tuning, Operands::default())
@@ -214,7 +219,7 @@ fn narrow_heads_take_192_row_or_192_key_tiles_where_they_pad_little() {
 fn tuning_switches_change_the_plan_they_name() {
     let cu = [0, 276];
     let shape = [276, 4, 72];
-    let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+    let problem = Problem::new(shape, shape, shape, &cu, &cu, default_params()).unwrap();
     let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
     let with = |tuning: Tuning| Plan::new(&problem, false, hopper, &tuning, Operands::default()).variant;
     assert_eq!((with(Tuning::default()).block_m(), with(Tuning::default()).stages), (64, 3));
@@ -235,14 +240,14 @@ fn tuning_switches_change_the_plan_they_name() {
     assert!(tall.shared_bytes() <= MAX_SHARED_BYTES);
     // A problem that fills the GPU with 192-row tiles takes them unless told otherwise.
     let (cu, shape) = ([0, 16384], [16384, 16, 72]);
-    let large = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+    let large = Problem::new(shape, shape, shape, &cu, &cu, default_params()).unwrap();
     let with = |tuning: Tuning| Plan::new(&large, false, hopper, &tuning, Operands::default()).variant.block_m();
     let forced = |block_m| with(Tuning { block_m: Some(block_m), ..Tuning::default() });
     assert_eq!((with(Tuning::default()), forced(64), forced(128)), (192, 64, 128));
     let long = plan_one(Target::Mma, 4096, 1);
     let cu = [0, 4096];
     let shape = [4096, 1, 72];
-    let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+    let problem = Problem::new(shape, shape, shape, &cu, &cu, default_params()).unwrap();
     let gpu = Gpu { target: Target::Mma, multiprocessors: 132 };
     let unsplit =
         Plan::new(&problem, false, gpu, &Tuning { max_splits: Some(1), ..Tuning::default() }, Operands::default());
@@ -254,7 +259,7 @@ fn device_seqlens_plan_an_upper_bound_of_tiles_and_point_at_the_device() {
     // 7 sequences of 2,861 tokens in all, cu_seqlens on the device at 0x1000 and 0x2000.
     let cu = [0, 2861];
     let shape = [2861, 16, 72];
-    let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+    let problem = Problem::new(shape, shape, shape, &cu, &cu, default_params()).unwrap();
     let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
     let plan =
         Plan::with_device_seqlens(&problem, 7, [0x1000, 0x2000], false, gpu, &Tuning::default(), Operands::default());
@@ -277,7 +282,7 @@ fn batches_whose_sequences_have_as_many_tiles_skip_the_search() {
         let (cu_q, cu_k) = (cu_seqlens(q_lengths), cu_seqlens(k_lengths));
         let q_shape = [*cu_q.last().unwrap() as usize, heads, 72];
         let k_shape = [*cu_k.last().unwrap() as usize, 1, 72];
-        let problem = Problem::new(q_shape, k_shape, k_shape, &cu_q, &cu_k, &Params::default()).unwrap();
+        let problem = Problem::new(q_shape, k_shape, k_shape, &cu_q, &cu_k, default_params()).unwrap();
         let plan = plan_on(Target::Wgmma, &problem);
         (plan.variant.block_m(), plan.params(None, None, None, None).tiles_per_sequence)
     };
@@ -337,7 +342,7 @@ fn nvidia_combines_the_splits_in_the_kernel_and_amd_in_a_second_one() {
     let amd = plan_one(Target::Mfma, 4096, 1);
     assert!(amd.splits > 1 && amd.launches_merge() && amd.split_counter_bytes() == 0);
     let problem =
-        Problem::new([4096, 1, 72], [4096, 1, 72], [4096, 1, 72], &[0, 4096], &[0, 4096], &Params::default()).unwrap();
+        Problem::new([4096, 1, 72], [4096, 1, 72], [4096, 1, 72], &[0, 4096], &[0, 4096], default_params()).unwrap();
     let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
     let switched =
         Plan::new(&problem, false, gpu, &Tuning { merge_kernel: true, ..Tuning::default() }, Operands::default());
@@ -370,7 +375,7 @@ fn only_the_last_pairs_own_sequences_size_their_splits() {
         let cu = cu_seqlens(lengths);
         let total = *cu.last().unwrap() as usize;
         let shape = [total, 16, 72];
-        let problem = Problem::new(shape, shape, shape, &cu, &cu, &Params::default()).unwrap();
+        let problem = Problem::new(shape, shape, shape, &cu, &cu, default_params()).unwrap();
         let plan = plan_on(Target::Wgmma, &problem);
         assert_eq!((plan.variant.block_m(), plan.tiles * plan.heads), (192, 928));
         (plan.split_pairs, plan.splits)
@@ -410,7 +415,7 @@ fn the_seed_shapes_on_the_h200_take_64_row_tiles_where_small_and_split_only_a_la
     for shape in crate::internal::workloads::SEED_SHAPES {
         let cu = shape.cu_seqlens();
         let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
-        let problem = Problem::new(dims, dims, dims, &cu, &cu, &Params::default()).unwrap();
+        let problem = Problem::new(dims, dims, dims, &cu, &cu, default_params()).unwrap();
         let plan = plan_on(Target::Wgmma, &problem);
         let block_m = match shape.index {
             11..=14 | 20 => 64,
@@ -449,7 +454,7 @@ fn a_batchs_last_wave_splits_across_sequences() {
     let hopper = Gpu { target: Target::Wgmma, multiprocessors: 132 };
     let lengths = [0, 1200, 1900, 2200, 2201];
     let problem =
-        Problem::new([2201, 8, 80], [2201, 2, 80], [2201, 2, 80], &lengths, &lengths, &Params::default()).unwrap();
+        Problem::new([2201, 8, 80], [2201, 2, 80], [2201, 2, 80], &lengths, &lengths, default_params()).unwrap();
     let plan = Plan::new(&problem, false, hopper, &head_major, Operands::default());
     assert_eq!(plan.variant.block_m(), 128);
     assert_eq!((plan.tiles, plan.split_pairs, plan.splits, plan.units()), (20, 28, 4, 160 + 3 * 28));
@@ -462,7 +467,7 @@ fn a_batchs_last_wave_splits_across_sequences() {
     // 192 rows, the same 160 pairs, 28 split four ways (of the first sequence's 19 key tiles).
     let twin_lengths = [0, 2400, 3100, 3400, 3401];
     let shape = |heads| [3401, heads, 72];
-    let twin = Problem::new(shape(8), shape(2), shape(2), &twin_lengths, &twin_lengths, &Params::default()).unwrap();
+    let twin = Problem::new(shape(8), shape(2), shape(2), &twin_lengths, &twin_lengths, default_params()).unwrap();
     let tall = Plan::new(&twin, false, hopper, &head_major, Operands::default());
     assert_eq!(tall.variant.block_m(), 192);
     assert_eq!((tall.tiles, tall.split_pairs, tall.splits, tall.units()), (20, 28, 4, 160 + 3 * 28));
@@ -482,7 +487,7 @@ fn batches_of_sequences_whose_keys_fit_half_the_l2_walk_each_tiles_heads() {
         let cu = cu_seqlens(lengths);
         let total = *cu.last().unwrap() as usize;
         let problem =
-            Problem::new([total, heads, d], [total, kv_heads, d], [total, kv_heads, d], &cu, &cu, &Params::default())
+            Problem::new([total, heads, d], [total, kv_heads, d], [total, kv_heads, d], &cu, &cu, default_params())
                 .unwrap();
         plan_on(Target::Wgmma, &problem).variant.heads_inner
     };
@@ -498,8 +503,7 @@ fn batches_of_sequences_whose_keys_fit_half_the_l2_walk_each_tiles_heads() {
     // The switch decides where it is set.
     let forced = Tuning { heads_inner: Some(false), ..Tuning::default() };
     let cu = cu_seqlens(&[1024; 64]);
-    let problem =
-        Problem::new([65536, 16, 72], [65536, 16, 72], [65536, 16, 72], &cu, &cu, &Params::default()).unwrap();
+    let problem = Problem::new([65536, 16, 72], [65536, 16, 72], [65536, 16, 72], &cu, &cu, default_params()).unwrap();
     let gpu = Gpu { target: Target::Wgmma, multiprocessors: 132 };
     assert!(!Plan::new(&problem, false, gpu, &forced, Operands::default()).variant.heads_inner);
 }
@@ -510,7 +514,7 @@ fn heads_inner_launches_split_the_last_tiles_heads_by_their_own_sequences() {
     // heads-inner order, every head of the last 6.5 tiles (the 1100-token sequence's last ones,
     // the 300-token one's and the lone token's), split by the 1100 keys (9 key tiles) two ways.
     let cu = cu_seqlens(&[1200, 1100, 300, 1]);
-    let problem = Problem::new([2601, 8, 80], [2601, 2, 80], [2601, 2, 80], &cu, &cu, &Params::default()).unwrap();
+    let problem = Problem::new([2601, 8, 80], [2601, 2, 80], [2601, 2, 80], &cu, &cu, default_params()).unwrap();
     let plan = plan_on(Target::Wgmma, &problem);
     assert!(plan.variant.heads_inner);
     assert_eq!((plan.tiles, plan.split_pairs, plan.splits), (23, 52, 2));
@@ -518,7 +522,7 @@ fn heads_inner_launches_split_the_last_tiles_heads_by_their_own_sequences() {
     // 300-token sequence's: 1200 + 700 + 300 + 1 (20 tiles, 28 pairs past the wave) spares
     // too few keys to split.
     let cu = cu_seqlens(&[1200, 700, 300, 1]);
-    let problem = Problem::new([2201, 8, 80], [2201, 2, 80], [2201, 2, 80], &cu, &cu, &Params::default()).unwrap();
+    let problem = Problem::new([2201, 8, 80], [2201, 2, 80], [2201, 2, 80], &cu, &cu, default_params()).unwrap();
     let plan = plan_on(Target::Wgmma, &problem);
     assert_eq!((plan.tiles, plan.split_pairs, plan.splits), (20, 0, 1));
 }
