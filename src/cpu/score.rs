@@ -1,6 +1,7 @@
 //! Where a raw score `q·k` becomes the softmax's base-2 logit, for every CPU path: the scale,
-//! or the soft-cap `cap · tanh(s · scale / cap)` (then `log2(e)`). Score modifiers (ALiBi,
-//! sinks) belong here, beside them.
+//! or the soft-cap `cap · tanh(s · scale / cap)`, then ALiBi's bias `-slope · |i + Lk - Lq - j|`,
+//! then `log2(e)`. (Attention sinks join the softmax's max and sum at the end of a row, in
+//! `driver.rs`.)
 
 use super::math::tanh;
 use pulp::{Simd, WithSimd};
@@ -32,7 +33,18 @@ impl ScoreMap {
         self.softcap.is_some() || self.alibi.is_some()
     }
 
-    /// The factor from the scores, as `SoftCap` and `add_alibi` leave them, to base-2 logits.
+    /// What the ALiBi passes multiply raw scores by before the bias: the scale, or 1 where the
+    /// soft-cap has turned them into natural units already.
+    fn alibi_scale(&self) -> f32 {
+        if self.softcap.is_some() {
+            1.0
+        } else {
+            self.scale
+        }
+    }
+
+    /// The factor from the scores, as `SoftCap` and the ALiBi passes leave them, to base-2
+    /// logits.
     pub fn log2_factor(&self) -> f32 {
         if self.in_place() {
             core::f32::consts::LOG2_E
@@ -42,29 +54,96 @@ impl ScoreMap {
     }
 }
 
-/// Adds ALiBi's bias (when `map` has one) to the scores of `rows` rows and `keys` keys, row `r`'s
-/// key `j` at `index(r, j)`: a product and a sum in f32 each, the oracle's `2u` per bias.
+/// 0, 1, 2, ...: the offsets along a run of consecutive scores, for loops that vectorise.
+const IOTA: [f32; 512] = {
+    let mut iota = [0f32; 512];
+    let mut i = 0;
+    while i < 512 {
+        iota[i] = i as f32;
+        i += 1;
+    }
+    iota
+};
+
+/// Subtracts `slope · |c + i|` from `run[i]`: one run of consecutive scores whose distances
+/// from their diagonals are `c`, `c + 1`, ... (or their negatives). The distance is exact in
+/// f32 below 2^24, one more rounding above; the product and the subtraction round once each.
+/// The scores are first multiplied by `scale` (1 where the soft-cap already did it), in the
+/// same pass.
 #[inline(always)]
-pub(crate) fn add_alibi(
-    scores: &mut [f32],
-    rows: usize,
-    keys: usize,
-    index: impl Fn(usize, usize) -> usize,
-    map: ScoreMap,
-) {
-    let Some(a) = map.alibi else { return };
-    for r in 0..rows {
-        let diagonal = a.diagonal0 + r as i64;
-        for j in 0..keys {
-            let distance = (diagonal - (a.key0 + j as i64)).unsigned_abs() as f32;
-            scores[index(r, j)] -= a.slope * distance;
+fn bias_run<S: Simd>(simd: S, run: &mut [f32], c: f32, slope: f32, scale: f32) {
+    let n = run.len();
+    let (head, tail) = S::as_mut_simd_f32s(run);
+    let (iota, iota_tail) = S::as_simd_f32s(&IOTA[..n]);
+    let (cv, sv, kv) = (simd.splat_f32s(c), simd.splat_f32s(slope), simd.splat_f32s(scale));
+    for (x, &i) in head.iter_mut().zip(iota) {
+        let distance = simd.abs_f32s(simd.add_f32s(cv, i));
+        *x = simd.sub_f32s(simd.mul_f32s(*x, kv), simd.mul_f32s(sv, distance));
+    }
+    for (x, &i) in tail.iter_mut().zip(iota_tail) {
+        *x = *x * scale - slope * (c + i).abs();
+    }
+}
+
+/// Adds ALiBi's bias (when `map` has one) to a block of scores stored row-major, row `r`'s key
+/// `j` at `r * stride + j` (the bf16 kernels' layout); an operation for pulp's dispatch.
+pub(crate) struct AlibiRows<'a> {
+    pub scores: &'a mut [f32],
+    pub stride: usize,
+    pub rows: usize,
+    pub keys: usize,
+    pub map: ScoreMap,
+}
+
+impl WithSimd for AlibiRows<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let Some(a) = self.map.alibi else { return };
+        assert!(self.keys <= IOTA.len());
+        let scale = self.map.alibi_scale();
+        for r in 0..self.rows {
+            // Key j's distance from row r's diagonal: |key0 + j - diagonal0 - r|.
+            let c = (a.key0 - a.diagonal0 - r as i64) as f32;
+            bias_run(simd, &mut self.scores[r * self.stride..r * self.stride + self.keys], c, a.slope, scale);
         }
     }
 }
 
-/// Turns `rows` rows of `keys` raw scores (row stride `stride`) into natural-unit logits in
-/// place where `map` says so: the soft-cap, or the scale alone ahead of ALiBi's bias; as an
-/// operation to run under pulp's dispatch.
+/// Adds ALiBi's bias (when `map` has one) to a block of scores stored in panels of `group` rows,
+/// key-major (`[panel][key][group]`, `key_block` keys a panel: the portable kernel's layout),
+/// `rows` rows padded to whole panels (the padding rows get a bias too, and are ignored); an
+/// operation for pulp's dispatch.
+pub(crate) struct AlibiPanels<'a> {
+    pub scores: &'a mut [f32],
+    pub key_block: usize,
+    pub group: usize,
+    pub rows: usize,
+    pub keys: usize,
+    pub map: ScoreMap,
+}
+
+impl WithSimd for AlibiPanels<'_> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let Some(a) = self.map.alibi else { return };
+        let (group, key_block) = (self.group, self.key_block);
+        assert!(group <= IOTA.len());
+        let scale = self.map.alibi_scale();
+        for panel in 0..self.rows.div_ceil(group) {
+            for j in 0..self.keys {
+                // Row r = panel · group + i's distance from key j: |diagonal0 + r - key0 - j|.
+                let c = (a.diagonal0 + (panel * group) as i64 - a.key0 - j as i64) as f32;
+                let start = panel * key_block * group + j * group;
+                bias_run(simd, &mut self.scores[start..start + group], c, a.slope, scale);
+            }
+        }
+    }
+}
+
+/// Soft-caps `rows` rows of `keys` scores (row stride `stride`) in place (when `map` has a
+/// cap), as an operation to run under pulp's dispatch.
 pub(crate) struct SoftCap<'a> {
     pub scores: &'a mut [f32],
     pub stride: usize,
@@ -81,13 +160,6 @@ impl WithSimd for SoftCap<'_> {
             for r in 0..self.rows {
                 let row = &mut self.scores[r * self.stride..r * self.stride + self.keys];
                 soft_cap(simd, row, self.map.scale / cap, cap);
-            }
-        } else if self.map.alibi.is_some() {
-            let k = simd.splat_f32s(self.map.scale);
-            for r in 0..self.rows {
-                let (head, tail) = S::as_mut_simd_f32s(&mut self.scores[r * self.stride..r * self.stride + self.keys]);
-                head.iter_mut().for_each(|x| *x = simd.mul_f32s(*x, k));
-                tail.iter_mut().for_each(|x| *x *= self.map.scale);
             }
         }
     }

@@ -6,7 +6,7 @@
 //! multiply-add).
 
 use super::math::exp2_nonpositive;
-use super::score::{add_alibi, ScoreMap, SoftCap};
+use super::score::{AlibiPanels, ScoreMap, SoftCap};
 use super::vector::{load, store};
 use core::ops::Range;
 use pulp::{Simd, WithSimd};
@@ -62,7 +62,7 @@ pub(crate) fn update<S: Simd>(
     // matrix with row stride `key_block · group`.
     let panels = padded / group;
     SoftCap { scores: &mut *scores, stride: key_block * group, rows: panels, keys: keys * group, map }.with_simd(simd);
-    add_alibi(scores, rows, keys, index, map);
+    AlibiPanels { scores: &mut *scores, key_block, group, rows, keys, map }.with_simd(simd);
     for r in 0..rows {
         if let Some(seen) = visible(r) {
             for j in (0..seen.start).chain(seen.end..keys) {

@@ -236,8 +236,8 @@ pub fn reference_rows<T: Element>(
                 }
             }
             let softcap_error = softcap.map_or(0.0, |c| 8.0 * c * u32_);
-            // The bias's product and its addition, each rounded in f32.
-            let alibi_error = 2.0 * u32_ * bias_max;
+            // The bias's distance (exact below 2^24), product and subtraction, each rounded in f32.
+            let alibi_error = 3.0 * u32_ * bias_max;
             bounds[[row, h]] = RowBound {
                 visible: scores.len(),
                 v_max,
