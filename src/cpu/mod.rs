@@ -114,6 +114,9 @@ pub(crate) fn forward<T: Element>(
     isa: CpuIsa,
     magnitudes: Magnitudes,
 ) -> Result<(), Error> {
+    // Only the x86 bf16 kernels have the flush question.
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = magnitudes;
     // Tiny problems skip AMX under `Auto`: configuring the tiles costs more than their work.
     let isa = resolved_isa::<T>(isa, work(problem) >= AMX_MIN_WORK);
     let unavailable = || Error::IsaUnavailable { isa: isa.name() };

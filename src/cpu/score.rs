@@ -87,6 +87,7 @@ fn bias_run<S: Simd>(simd: S, run: &mut [f32], c: f32, slope: f32, scale: f32) {
 
 /// Adds ALiBi's bias (when `map` has one) to a block of scores stored row-major, row `r`'s key
 /// `j` at `r * stride + j` (the bf16 kernels' layout); an operation for pulp's dispatch.
+#[cfg(target_arch = "x86_64")]
 pub(crate) struct AlibiRows<'a> {
     pub scores: &'a mut [f32],
     pub stride: usize,
@@ -95,6 +96,7 @@ pub(crate) struct AlibiRows<'a> {
     pub map: ScoreMap,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl WithSimd for AlibiRows<'_> {
     type Output = ();
     #[inline(always)]

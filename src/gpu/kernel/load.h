@@ -14,7 +14,7 @@ VA_DEVICE void va_load_tile(va_u16* smem, int stride, const va_u16* base, va_i64
         const int row = row0 + r;
         int elems = dims - c;
         elems = row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
-        const va_u16* src = elems > 0 ? base + (va_i64)row * token_stride + c : base;
+        const va_u16* src = elems > 0 ? VA_ROW(base, token_stride, row) + c : base;
 #if defined(VA_NVIDIA)
         va_copy16(smem + r * stride + c, src, elems * 2);
 #else

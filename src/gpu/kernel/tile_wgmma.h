@@ -67,10 +67,11 @@ VA_DEVICE void va_load_slabs(va_u16* smem, int thread, const va_u16* base, va_i6
     static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "each thread's slab rows share a swizzle and tile the rows");
     const int chunk = thread % 8, first = thread / 8;
     const int rows_left = valid_rows - row0 - first;
-    const va_u16* src = base + (va_i64)(row0 + first) * token_stride + chunk * 8;
+    const va_u16* src = VA_ROW(base, token_stride, row0 + first) + chunk * 8;
     va_u16* dst = smem + first * 64 + (chunk ^ (first % 8)) * 8;
     // (The slab loop stays rolled: the copying warps have 32 to 56 registers, and whole K and
-    // V tiles come by TMA, so this path serves Q and the tiles at sequences' ends.)
+    // V tiles come by TMA, so this path serves Q and the tiles at sequences' ends. A thread's
+    // rows lie STEP token strides apart from `src`, contiguous tokens as `VA_ROW` has them.)
 #pragma unroll 1
     for (int slab = 0; slab < T::SLABS; ++slab) {
         int elems = dims - slab * 64 - chunk * 8;
@@ -89,7 +90,7 @@ VA_DEVICE void va_load_tail(va_u16* smem, int thread, const va_u16* base, va_i64
     const auto copy = [&](va_u16* to, int row, int col) {
         int elems = dims - col;
         elems = row0 + row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
-        va_copy16(to, elems > 0 ? base + (va_i64)(row0 + row) * token_stride + col : base, elems * 2);
+        va_copy16(to, elems > 0 ? VA_ROW(base, token_stride, row0 + row) + col : base, elems * 2);
     };
     if constexpr (T::TAIL_CHUNKS > 0) {
         va_for_each_copy<T::ROWS * T::TAIL_CHUNKS, THREADS, 2>(thread, [&](int i) {
