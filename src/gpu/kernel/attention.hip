@@ -15,7 +15,7 @@
 //
 // This file holds the two entry points; each concern has a header of its own:
 //   params.h      compile-time constants and the parameter block (`VaParams`, `VaTile`),
-//   kv_address.h  where a tile's rows live: a head's rows, the token of a sequence's key,
+//   kv_address.h  where a tile's rows live: a head's rows, a row, the token of a key,
 //   mask.h        which keys a query row sees (sequence end, causal diagonal, windows),
 //   score.h       raw scores to base-2 logits (the scale, the soft-cap),
 //   scheduling.h  the units of work: which sequence, query tile and key tiles each is,
