@@ -43,7 +43,19 @@ impl ScoreMap {
         }
     }
 
-    /// The factor from the scores, as `SoftCap` and the ALiBi passes leave them, to base-2
+    /// The factor from the scores, as `SoftCap` leaves them, to base-2 logits, for a softmax
+    /// that adds ALiBi's bias itself (the bf16 kernels'): the scale · log2(e), or log2(e) after
+    /// a soft-cap.
+    #[cfg(target_arch = "x86_64")]
+    pub fn log2_factor_before_bias(&self) -> f32 {
+        if self.softcap.is_some() {
+            core::f32::consts::LOG2_E
+        } else {
+            self.scale * core::f32::consts::LOG2_E
+        }
+    }
+
+    /// The factor from the scores, as `SoftCap` and `AlibiPanels` leave them, to base-2
     /// logits.
     pub fn log2_factor(&self) -> f32 {
         if self.in_place() {
@@ -82,33 +94,6 @@ fn bias_run<S: Simd>(simd: S, run: &mut [f32], c: f32, slope: f32, scale: f32) {
     }
     for (x, &i) in tail.iter_mut().zip(iota_tail) {
         *x = *x * scale - slope * (c + i).abs();
-    }
-}
-
-/// Adds ALiBi's bias (when `map` has one) to a block of scores stored row-major, row `r`'s key
-/// `j` at `r * stride + j` (the bf16 kernels' layout); an operation for pulp's dispatch.
-#[cfg(target_arch = "x86_64")]
-pub(crate) struct AlibiRows<'a> {
-    pub scores: &'a mut [f32],
-    pub stride: usize,
-    pub rows: usize,
-    pub keys: usize,
-    pub map: ScoreMap,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl WithSimd for AlibiRows<'_> {
-    type Output = ();
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, simd: S) {
-        let Some(a) = self.map.alibi else { return };
-        assert!(self.keys <= IOTA.len());
-        let scale = self.map.alibi_scale();
-        for r in 0..self.rows {
-            // Key j's distance from row r's diagonal: |key0 + j - diagonal0 - r|.
-            let c = (a.key0 - a.diagonal0 - r as i64) as f32;
-            bias_run(simd, &mut self.scores[r * self.stride..r * self.stride + self.keys], c, a.slope, scale);
-        }
     }
 }
 

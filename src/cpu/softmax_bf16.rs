@@ -4,7 +4,7 @@
 //! the denominator summed from the unrounded f32 probabilities); only the store differs.
 
 use super::math::EXP2_POLY;
-use super::score::{AlibiRows, ScoreMap, SoftCap};
+use super::score::{ScoreMap, SoftCap};
 use super::softmax::RowState;
 use core::arch::x86_64::*;
 use core::ops::Range;
@@ -28,9 +28,13 @@ pub(crate) unsafe fn step(
     state: &mut RowState<'_>,
 ) {
     pulp::Simd::vectorize(simd, SoftCap { scores: s, stride, rows, keys, map });
-    pulp::Simd::vectorize(simd, AlibiRows { scores: s, stride, rows, keys, map });
+    // ALiBi's bias joins the logits inside the softmax's own pass, in base-2 units: row r's
+    // key j is |key0 + j - diagonal0 - r| from its diagonal.
+    let alibi = map
+        .alibi
+        .map(|a| Bias { slope: a.slope * core::f32::consts::LOG2_E, distance0: (a.key0 - a.diagonal0) as f32 });
     // SAFETY: the caller's guarantee.
-    unsafe { update(s, stride, p, rows, keys, map.log2_factor(), visible, state) };
+    unsafe { update(s, stride, p, rows, keys, map.log2_factor_before_bias(), alibi, visible, state) };
 }
 
 /// The `softmax` and `probability` methods of a `TileKernel` whose probabilities are bf16
@@ -71,10 +75,20 @@ pub(crate) fn probability(p: &[u32], stride: usize, r: usize, j: usize) -> f32 {
     f32::from_bits(((pair >> (16 * (j % 2))) & 0xffff) << 16)
 }
 
+/// Rows and keys of a block, added up, that the bias table of `rows_update` covers.
+const BIAS_TABLE: usize = 512;
+
+/// ALiBi's bias in base-2 units: row `r`'s key `j` gets `-slope · |distance0 - r + j|`.
+#[derive(Clone, Copy)]
+pub(crate) struct Bias {
+    slope: f32,
+    distance0: f32,
+}
+
 /// Probabilities of `rows` rows of `keys` scores (row stride `stride` f32, `keys` a multiple of
 /// 16 up to `stride`, at most 128) into `p` as bf16 (row stride `stride` bf16), updating the
 /// running max and sum and setting `alpha` as `softmax::update` does. `factor` turns scores
-/// into base-2 logits (any soft-cap is already applied).
+/// into base-2 logits (any soft-cap is already applied); `bias` is ALiBi's, added to them.
 ///
 /// # Safety
 /// AVX-512F/BF16 present; `s` holds `rows × stride` f32 and `p` `rows × stride / 2` u32.
@@ -87,6 +101,7 @@ pub(crate) unsafe fn update(
     rows: usize,
     keys: usize,
     factor: f32,
+    bias: Option<Bias>,
     visible: &dyn Fn(usize) -> Option<Range<usize>>,
     state: &mut RowState<'_>,
 ) {
@@ -102,7 +117,7 @@ pub(crate) unsafe fn update(
             match keys / 16 {
                 // SAFETY: features as above; s holds rows × stride f32 with 16·$n <= stride,
                 // p rows × stride / 2 u32 (asserted).
-                $($n => unsafe { rows_update::<$n>(s, stride, p, rows, factor, state) },)*
+                $($n => unsafe { rows_update::<$n>(s, stride, p, rows, factor, bias, state) },)*
                 _ => unreachable!(),
             }
         };
@@ -122,18 +137,38 @@ unsafe fn rows_update<const N: usize>(
     p: &mut [u32],
     rows: usize,
     factor: f32,
+    bias: Option<Bias>,
     state: &mut RowState<'_>,
 ) {
     assert!(s.len() >= rows * stride && p.len() >= rows * stride / 2 && 16 * N <= stride);
     assert!((8 * N).next_multiple_of(16) <= stride / 2);
     let f = _mm512_set1_ps(factor);
+    // ALiBi's bias depends on j - r alone: row r's keys read `biases` from rows - 1 - r on
+    // (`slope · |distance0 - (rows - 1) + t|` at t), one load and one subtraction a vector.
+    let mut biases = [0f32; BIAS_TABLE];
+    if let Some(b) = bias.filter(|_| rows > 0) {
+        assert!(rows + 16 * N <= BIAS_TABLE);
+        let first = b.distance0 - (rows - 1) as f32;
+        for (t, x) in biases[..rows - 1 + 16 * N].iter_mut().enumerate() {
+            *x = b.slope * (first + t as f32).abs();
+        }
+    }
     for r in 0..rows {
         let row = s[r * stride..].as_ptr();
         // The base-2 logits, rounded before the max is subtracted (see `softmax::update`:
         // a fused multiply-subtract would keep the max's rounding error, which overflows
         // `exp2` for large finite scores).
         // SAFETY: n < N: 16 N <= stride, inside row r (asserted).
-        let x: [__m512; N] = core::array::from_fn(|n| unsafe { _mm512_mul_ps(_mm512_loadu_ps(row.add(16 * n)), f) });
+        let mut x: [__m512; N] =
+            core::array::from_fn(|n| unsafe { _mm512_mul_ps(_mm512_loadu_ps(row.add(16 * n)), f) });
+        if bias.is_some() {
+            // Masked keys stay -inf: -inf minus a finite bias.
+            let from = biases[rows - 1 - r..].as_ptr();
+            for (n, x) in x.iter_mut().enumerate() {
+                // SAFETY: rows - 1 - r + 16 n + 16 <= rows - 1 + 16 N <= BIAS_TABLE (asserted).
+                *x = _mm512_sub_ps(*x, unsafe { _mm512_loadu_ps(from.add(16 * n)) });
+            }
+        }
         let old_max = state.max[r];
         // After the first blocks the running max rarely moves: one compare per vector finds
         // out, and saves the max reduction, the rescale and the dependency between them. (Not
