@@ -172,3 +172,10 @@ pub struct Params {
     /// Which CPU code path runs (when the call runs on the CPU).
     pub cpu_isa: CpuIsa,
 }
+
+/// Default parameters that outlive the problems borrowing them, for the crate's unit tests.
+#[cfg(test)]
+pub(crate) fn default_params() -> &'static Params {
+    static PARAMS: std::sync::OnceLock<Params> = std::sync::OnceLock::new();
+    PARAMS.get_or_init(Params::default)
+}

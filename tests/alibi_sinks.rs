@@ -4,16 +4,12 @@
 
 mod common;
 
-use common::extreme::check_paths;
+use common::extreme::{check_paths, cpu};
 use common::{cpu_paths, random_tensor, Rng};
 use half::{bf16, f16};
 use ndarray::Array3;
 use proptest::prelude::*;
-use varlen_attn::{forward_with_lse, oracle, Backend, CpuIsa, Element, Params};
-
-fn cpu<T: Element>() -> Vec<(Backend, CpuIsa)> {
-    cpu_paths::<T>().into_iter().map(|isa| (Backend::Cpu, isa)).collect()
-}
+use varlen_attn::{forward_with_lse, oracle, Backend, Element, Params};
 
 /// One query, keys of equal scores: ALiBi weighs key `j` by `exp(-slope · |Lk - 1 - j|)`, and a
 /// sink adds `exp(sink)` to the denominator alone.

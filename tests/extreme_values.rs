@@ -4,17 +4,12 @@
 
 mod common;
 
-use common::extreme::{check_extreme, check_paths, extreme, uniform};
-use common::{cpu_paths, Rng};
+use common::extreme::{check_extreme, check_paths, cpu, extreme, uniform};
+use common::Rng;
 use half::{bf16, f16};
 use ndarray::Array3;
 use proptest::prelude::*;
-use varlen_attn::{oracle, Backend, CpuIsa, Element, Error, Params, F32_EDGE};
-
-/// Every CPU path of this machine for element type `T`.
-fn cpu<T: Element>() -> Vec<(Backend, CpuIsa)> {
-    cpu_paths::<T>().into_iter().map(|isa| (Backend::Cpu, isa)).collect()
-}
+use varlen_attn::{oracle, Error, Params, F32_EDGE};
 
 /// f32 q = k = v uniform in [-m/2, m/2], 40 tokens, 2 heads, head_dim
 /// 64. Up to m = 1e5 every score fits f32; m = 1e6 still does (scores up to 1e13); these gave

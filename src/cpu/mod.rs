@@ -336,15 +336,9 @@ impl<T: Element, K: TileKernel<T>> WithSimd for Attend<'_, '_, '_, '_, T, K> {
 mod tests {
     use super::*;
     use crate::layout::{Rows, RowsMut};
-    use crate::params::Params;
+    use crate::params::default_params;
     use half::bf16;
     use ndarray::Array3;
-
-    /// Default parameters that outlive the problems borrowing them.
-    fn default_params() -> &'static Params {
-        static PARAMS: std::sync::OnceLock<Params> = std::sync::OnceLock::new();
-        PARAMS.get_or_init(Params::default)
-    }
 
     /// Runs the bf16 matrix kernels as they are, whatever the flush question says.
     fn forced_bf16_products(

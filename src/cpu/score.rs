@@ -27,15 +27,9 @@ pub(crate) struct AlibiBlock {
 }
 
 impl ScoreMap {
-    /// Whether the scores become natural-unit logits in place before the softmax (the soft-cap,
-    /// or the scale ahead of ALiBi's bias), which then only turns them into base 2.
-    fn in_place(&self) -> bool {
-        self.softcap.is_some() || self.alibi.is_some()
-    }
-
-    /// What the ALiBi passes multiply raw scores by before the bias: the scale, or 1 where the
-    /// soft-cap has turned them into natural units already.
-    fn alibi_scale(&self) -> f32 {
+    /// What raw scores are multiplied by to reach natural-unit logits: the scale, or 1 where
+    /// the soft-cap (`SoftCap`) has turned them into natural units already.
+    fn natural_scale(&self) -> f32 {
         if self.softcap.is_some() {
             1.0
         } else {
@@ -44,24 +38,18 @@ impl ScoreMap {
     }
 
     /// The factor from the scores, as `SoftCap` leaves them, to base-2 logits, for a softmax
-    /// that adds ALiBi's bias itself (the bf16 kernels'): the scale · log2(e), or log2(e) after
-    /// a soft-cap.
-    #[cfg(target_arch = "x86_64")]
+    /// that adds ALiBi's bias itself (the bf16 kernels').
     pub fn log2_factor_before_bias(&self) -> f32 {
-        if self.softcap.is_some() {
-            core::f32::consts::LOG2_E
-        } else {
-            self.scale * core::f32::consts::LOG2_E
-        }
+        self.natural_scale() * core::f32::consts::LOG2_E
     }
 
-    /// The factor from the scores, as `SoftCap` and `AlibiPanels` leave them, to base-2
-    /// logits.
+    /// The factor from the scores, as `SoftCap` and `AlibiPanels` leave them (the latter in
+    /// natural units), to base-2 logits.
     pub fn log2_factor(&self) -> f32 {
-        if self.in_place() {
+        if self.alibi.is_some() {
             core::f32::consts::LOG2_E
         } else {
-            self.scale * core::f32::consts::LOG2_E
+            self.log2_factor_before_bias()
         }
     }
 }
@@ -117,7 +105,7 @@ impl WithSimd for AlibiPanels<'_> {
         let Some(a) = self.map.alibi else { return };
         let (group, key_block) = (self.group, self.key_block);
         assert!(group <= IOTA.len());
-        let scale = self.map.alibi_scale();
+        let scale = self.map.natural_scale();
         for panel in 0..self.rows.div_ceil(group) {
             for j in 0..self.keys {
                 // Row r = panel · group + i's distance from key j: |diagonal0 + r - key0 - j|.

@@ -33,6 +33,11 @@ pub fn beyond_edge<T: Element>(
         || softcap.is_some_and(|c| scale / c as f64 >= edge)
 }
 
+/// Every CPU path of this machine for element type `T`, as `check_paths` takes them.
+pub fn cpu<T: Element>() -> Vec<(Backend, CpuIsa)> {
+    super::cpu_paths::<T>().into_iter().map(|isa| (Backend::Cpu, isa)).collect()
+}
+
 /// Runs `paths` on one problem and checks each against the oracle (or the edge).
 pub fn check_paths<T: Element>(
     paths: &[(Backend, CpuIsa)],

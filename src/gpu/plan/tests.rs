@@ -2,13 +2,7 @@
 
 use super::variant::MAX_SHARED_BYTES;
 use super::*;
-use crate::params::Params;
-
-/// Default parameters that outlive the problems borrowing them.
-fn default_params() -> &'static Params {
-    static PARAMS: std::sync::OnceLock<Params> = std::sync::OnceLock::new();
-    PARAMS.get_or_init(Params::default)
-}
+use crate::params::{default_params, Params};
 
 #[test]
 fn params_match_the_kernel_struct_layout() {
