@@ -24,11 +24,14 @@
 //!    product (as FlashAttention does): relative `u_T / 2` per weight, while the denominator
 //!    keeps the unrounded sum, so at most `(u_T / 2) V`.
 //! 4. **Accumulation.** The `n`-term f32 sum `Σ p_j v_j` and the final division: at most
-//!    `n u V + u |o|`.
+//!    `n u V + u |o|`, plus where products fall below f32's normal range (values near 1e-38
+//!    and smaller) an absolute error of up to half f32's smallest subnormal, `2^-150`, for each
+//!    rounded product: one per key, one per rescaling of the accumulator (at most one per key)
+//!    and the final normalization, `(2n + 2) · 2^-150` in all (sums of subnormals are exact).
 //! 5. **Output rounding** to `T`: half a unit in the last place of the result, which is at most
 //!    one unit in the last place of `|o|` once the (small) error above is included.
 //!
-//! Together: `|got - o| <= ulp_T(|o|) + V (u_T/2 + 4δ + (32 + 3n) u) + u |o|`.
+//! Together: `|got - o| <= ulp_T(|o|) + V (u_T/2 + 4δ + (32 + 3n) u) + u |o| + (2n + 2) 2^-150`.
 //!
 //! For bf16 that is one bf16 ulp of the oracle value plus `V · (2^-9 + 4δ + (32+3n)·2^-24)`, an
 //! absolute term relative to `max |v|`. The LSE (`m + ln Σ p`, computed in f32) is within
@@ -44,6 +47,9 @@ use crate::element::{DType, Element};
 use ndarray::{ArrayView2, ArrayView3};
 
 const U: f64 = 1.0 / 16_777_216.0; // 2^-24
+
+/// The absolute error of an f32 product rounded into the subnormal range, `2^-150`.
+const F32_UNDERFLOW: f64 = f32::MIN_POSITIVE as f64 / 16_777_216.0;
 
 impl Reference {
     /// The largest error allowed for an output element of a row with `bound`, whose exact
@@ -61,6 +67,7 @@ impl Reference {
         dtype.ulp(exact)
             + bound.v_max * (dtype.unit_roundoff() / 2.0 + 4.0 * bound.score_error + (32.0 + 3.0 * n) * U)
             + U * exact.abs()
+            + (2.0 * n + 2.0) * F32_UNDERFLOW
     }
 
     /// The largest error allowed for the LSE of a row (see the module docs).
