@@ -103,6 +103,32 @@ pub enum Error {
         reason: CuSeqlensRule,
     },
 
+    /// A block table entry that a sequence's keys reach names no block of the paged cache.
+    #[error("block_table[{sequence}, {entry}] = {value}: sequence {sequence} reads this entry, which must name a block of the cache, 0 to {num_blocks} - 1")]
+    BlockTable {
+        /// The sequence (the block table's row).
+        sequence: usize,
+        /// The entry (the block table's column).
+        entry: usize,
+        /// The entry's value.
+        value: i32,
+        /// Blocks in the cache (`k_cache`'s axis 0).
+        num_blocks: usize,
+    },
+
+    /// A sequence has more keys than its row of the block table has blocks for.
+    #[error("sequence {sequence} has {keys} keys, which need {} blocks of {block_size}, but block_table has {columns} columns", keys.div_ceil(*block_size))]
+    BlockTableTooShort {
+        /// The sequence (the block table's row).
+        sequence: usize,
+        /// Its key count, from `cu_seqlens_k`.
+        keys: usize,
+        /// Tokens per block (`k_cache`'s axis 1).
+        block_size: usize,
+        /// Entries per row of the block table.
+        columns: usize,
+    },
+
     /// A parameter out of its domain (a non-finite or non-positive scale or softcap, a causal
     /// mask combined with a right window).
     #[error("parameter {name} = {value}: {reason}")]
@@ -201,6 +227,12 @@ impl core::fmt::Display for CuSeqlensRule {
 
 fn axis_name(arg: &str, axis: usize) -> &'static str {
     match (arg, axis) {
+        ("k_cache" | "v_cache", 0) => "num_blocks",
+        ("k_cache" | "v_cache", 1) => "block_size",
+        ("k_cache" | "v_cache", 2) => "heads",
+        ("v_cache", _) => "head_dim_v",
+        ("block_table", 0) => "batch",
+        ("block_table", _) => "max_blocks",
         ("lse", 0) => "num_heads",
         ("lse", _) => "total_q",
         (_, 0) => "tokens",
@@ -213,6 +245,9 @@ fn axis_name(arg: &str, axis: usize) -> &'static str {
 fn reference_of(arg: &str, axis: usize) -> &'static str {
     match (arg, axis) {
         ("v", 0 | 1) => "k",
+        ("v_cache", 0..=2) => "k_cache",
+        ("k_cache", 1) => "a block of at least one token",
+        ("block_table", _) => "cu_seqlens",
         ("out" | "lse", _) => "the inputs",
         _ => "q",
     }

@@ -2,7 +2,7 @@
 //! read rows of the inputs and write disjoint rows of the outputs.
 
 use core::marker::PhantomData;
-use ndarray::{ArrayView1, ArrayView3, ArrayViewMut2, ArrayViewMut3, ShapeBuilder};
+use ndarray::{ArrayView1, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2, ArrayViewMut3, ShapeBuilder};
 
 /// `[a, b, c]` of a rank-3 view.
 pub(crate) fn shape3<T>(view: &ArrayView3<T>) -> [usize; 3] {
@@ -41,48 +41,159 @@ impl<'a, T> Rows<'a, T> {
     pub fn row(&self, token: usize, head: usize) -> ArrayView1<'a, T> {
         assert!(token < self.shape[0] && head < self.shape[1], "row ({token}, {head}) outside {:?}", self.shape);
         let offset = token as isize * self.strides[0] + head as isize * self.strides[1];
-        let (len, stride) = (self.shape[2], self.strides[2]);
-        // ndarray wants non-negative strides here: start from the row's lowest address and
-        // flip the axis back afterwards.
-        let lowest = if stride < 0 && len > 0 { offset + (len as isize - 1) * stride } else { offset };
-        // SAFETY: the indices are inside the view's shape (checked above), so the row's `len`
-        // elements, `|stride|` apart from its lowest address, all belong to the view that `'a`
-        // borrows immutably.
-        let mut row =
-            unsafe { ArrayView1::from_shape_ptr((len,).strides((stride.unsigned_abs(),)), self.ptr.offset(lowest)) };
-        if stride < 0 {
-            row.invert_axis(ndarray::Axis(0));
-        }
-        row
+        // SAFETY: the indices are inside the view's shape (checked above).
+        unsafe { row_at(self.ptr, offset, self.shape[2], self.strides[2]) }
     }
 }
 
-/// The key (or value) rows of one sequence and kv head: key `j` of the sequence is row
-/// `first + j` of the tensor. The one accessor the CPU packers read K and V through, so that
-/// another addressing of the keys (a paged cache's block table) changes only this type.
+/// The `len` elements `stride` apart from `ptr + offset`, as a view.
+///
+/// # Safety
+/// Those elements must belong to one view that `'a` borrows immutably.
+#[inline]
+unsafe fn row_at<'a, T>(ptr: *const T, offset: isize, len: usize, stride: isize) -> ArrayView1<'a, T> {
+    // ndarray wants non-negative strides here: start from the row's lowest address and flip the
+    // axis back afterwards.
+    let lowest = if stride < 0 && len > 0 { offset + (len as isize - 1) * stride } else { offset };
+    // SAFETY: per the caller, the row's `len` elements, `|stride|` apart from its lowest
+    // address, all belong to a view borrowed immutably for `'a`.
+    let mut row = unsafe { ArrayView1::from_shape_ptr((len,).strides((stride.unsigned_abs(),)), ptr.offset(lowest)) };
+    if stride < 0 {
+        row.invert_axis(ndarray::Axis(0));
+    }
+    row
+}
+
+/// A read handle on a paged cache `[num_blocks, block_size, heads, dims]` (FlashAttention-2's
+/// layout of a paged K or V cache).
+#[derive(Clone, Copy)]
+pub(crate) struct PagedRows<'a, T> {
+    ptr: *const T,
+    shape: [usize; 4],
+    strides: [isize; 4],
+    _borrow: PhantomData<&'a T>,
+}
+
+// SAFETY: as for `Rows`: a shared borrow.
+unsafe impl<T: Sync> Send for PagedRows<'_, T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for PagedRows<'_, T> {}
+
+impl<'a, T> PagedRows<'a, T> {
+    pub fn new(view: &ArrayView4<'a, T>) -> Self {
+        let s = view.strides();
+        let (a, b, c, d) = view.dim();
+        PagedRows { ptr: view.as_ptr(), shape: [a, b, c, d], strides: [s[0], s[1], s[2], s[3]], _borrow: PhantomData }
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.shape[1]
+    }
+
+    /// The `dims` values of slot `slot` of block `block`, head `head`.
+    #[inline]
+    pub fn row(&self, block: usize, slot: usize, head: usize) -> ArrayView1<'a, T> {
+        assert!(
+            block < self.shape[0] && slot < self.shape[1] && head < self.shape[2],
+            "row ({block}, {slot}, {head}) outside {:?}",
+            self.shape
+        );
+        let offset =
+            block as isize * self.strides[0] + slot as isize * self.strides[1] + head as isize * self.strides[2];
+        // SAFETY: the indices are inside the view's shape (checked above).
+        unsafe { row_at(self.ptr, offset, self.shape[3], self.strides[3]) }
+    }
+}
+
+/// A read handle on a `block_table [batch, max_blocks]` (validated: every entry a sequence's
+/// keys reach names a block of the cache).
+#[derive(Clone, Copy)]
+pub(crate) struct BlockTable<'a> {
+    ptr: *const i32,
+    shape: [usize; 2],
+    strides: [isize; 2],
+    _borrow: PhantomData<&'a i32>,
+}
+
+// SAFETY: a shared borrow of `i32`s.
+unsafe impl Send for BlockTable<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for BlockTable<'_> {}
+
+impl<'a> BlockTable<'a> {
+    pub fn new(view: &ArrayView2<'a, i32>) -> Self {
+        let (a, b) = view.dim();
+        BlockTable {
+            ptr: view.as_ptr(),
+            shape: [a, b],
+            strides: [view.strides()[0], view.strides()[1]],
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Entry `entry` of sequence `sequence`'s row.
+    #[inline]
+    pub fn get(&self, sequence: usize, entry: usize) -> i32 {
+        assert!(
+            sequence < self.shape[0] && entry < self.shape[1],
+            "block_table[{sequence}, {entry}] outside {:?}",
+            self.shape
+        );
+        // SAFETY: inside the shape (checked above); a shared read of the borrowed view.
+        unsafe { *self.ptr.offset(sequence as isize * self.strides[0] + entry as isize * self.strides[1]) }
+    }
+}
+
+/// Where a call's keys (or values) live: one packed tensor along `cu_seqlens_k`, or a paged
+/// cache with its block table.
+#[derive(Clone, Copy)]
+pub(crate) enum KvRows<'a, T> {
+    /// `[total_k, heads, dims]`: key `j` of the sequence starting at token `s` is row `s + j`.
+    Packed(Rows<'a, T>),
+    /// Key `j` of sequence `b` is slot `j % block_size` of block `block_table[b, j / block_size]`.
+    Paged(PagedRows<'a, T>, BlockTable<'a>),
+}
+
+/// The key (or value) rows of one sequence and kv head. The one accessor the CPU packers read
+/// K and V through: the addressing (packed or paged) is decided here alone.
 #[derive(Clone, Copy)]
 pub(crate) struct SequenceRows<'r, 'a, T> {
-    rows: &'r Rows<'a, T>,
-    first: usize,
+    kv: &'r KvRows<'a, T>,
+    /// Packed: the sequence's first token. Paged: its row of the block table.
+    sequence: usize,
     head: usize,
 }
 
 impl<'r, 'a, T> SequenceRows<'r, 'a, T> {
-    /// The rows `first..` of `head` in `rows`.
-    pub fn new(rows: &'r Rows<'a, T>, first: usize, head: usize) -> Self {
-        SequenceRows { rows, first, head }
+    /// The keys of `head` in sequence `index` (whose first packed token is `first`).
+    pub fn new(kv: &'r KvRows<'a, T>, index: usize, first: usize, head: usize) -> Self {
+        let sequence = match kv {
+            KvRows::Packed(_) => first,
+            KvRows::Paged(..) => index,
+        };
+        SequenceRows { kv, sequence, head }
     }
 
     /// Key `j` of the sequence: its `dims` values.
     #[inline]
     pub fn row(&self, j: usize) -> ArrayView1<'a, T> {
-        self.rows.row(self.first + j, self.head)
+        match self.kv {
+            KvRows::Packed(rows) => rows.row(self.sequence + j, self.head),
+            KvRows::Paged(cache, table) => {
+                let size = cache.block_size();
+                cache.row(table.get(self.sequence, j / size) as usize, j % size, self.head)
+            }
+        }
     }
 
     /// Values per row.
     #[inline]
     pub fn dims(&self) -> usize {
-        self.rows.shape[2]
+        match self.kv {
+            KvRows::Packed(rows) => rows.shape[2],
+            KvRows::Paged(cache, _) => cache.shape[3],
+        }
     }
 }
 

@@ -58,17 +58,19 @@ pub mod internal;
 mod layout;
 mod mask;
 pub mod oracle;
+mod paged;
 mod params;
 mod problem;
 
 pub use element::{DType, Element};
 pub use error::{CuSeqlensRule, Error};
+pub use paged::{forward_paged, forward_paged_into, forward_paged_with_lse, forward_paged_with_lse_into, PagedKv};
 pub use params::{Backend, CpuIsa, Params};
 pub use problem::{F32_EDGE, MAX_HEAD_DIM};
 
-use layout::{shape3, LseMut, Rows, RowsMut};
+use layout::{shape3, BlockTable, KvRows, LseMut, PagedRows, Rows, RowsMut};
 use ndarray::{Array2, Array3, ArrayView3, ArrayViewD, ArrayViewMut2, ArrayViewMut3};
-use problem::Problem;
+use problem::{KeysValues, Problem};
 
 /// Attention forward: returns `out [total_q, num_heads, head_dim_v]`.
 ///
@@ -112,7 +114,7 @@ pub fn forward<T: Element>(
 ) -> Result<Array3<T>, Error> {
     let problem = Problem::new(shape3(&q), shape3(&k), shape3(&v), cu_seqlens_q, cu_seqlens_k, params)?;
     let mut out = Array3::from_elem(problem.out_shape(), T::default());
-    execute(&problem, q, k, v, params, out.view_mut(), None)?;
+    execute(&problem, q, KeysValues::Packed(k, v), params, out.view_mut(), None)?;
     Ok(out)
 }
 
@@ -143,7 +145,7 @@ pub fn forward_with_lse<T: Element>(
     let problem = Problem::new(shape3(&q), shape3(&k), shape3(&v), cu_seqlens_q, cu_seqlens_k, params)?;
     let mut out = Array3::from_elem(problem.out_shape(), T::default());
     let mut lse = Array2::from_elem((problem.num_heads, problem.total_q), f32::NEG_INFINITY);
-    execute(&problem, q, k, v, params, out.view_mut(), Some(lse.view_mut()))?;
+    execute(&problem, q, KeysValues::Packed(k, v), params, out.view_mut(), Some(lse.view_mut()))?;
     Ok((out, lse))
 }
 
@@ -173,7 +175,7 @@ pub fn forward_into<T: Element>(
 ) -> Result<(), Error> {
     let problem = Problem::new(shape3(&q), shape3(&k), shape3(&v), cu_seqlens_q, cu_seqlens_k, params)?;
     problem.check_output("out", out.shape())?;
-    execute(&problem, q, k, v, params, out, None)
+    execute(&problem, q, KeysValues::Packed(k, v), params, out, None)
 }
 
 /// [`forward_into`] that also writes the log-sum-exp into `lse [num_heads, total_q]`.
@@ -204,45 +206,51 @@ pub fn forward_with_lse_into<T: Element>(
     let problem = Problem::new(shape3(&q), shape3(&k), shape3(&v), cu_seqlens_q, cu_seqlens_k, params)?;
     problem.check_output("out", out.shape())?;
     problem.check_output("lse", lse.shape())?;
-    execute(&problem, q, k, v, params, out, Some(lse))
+    execute(&problem, q, KeysValues::Packed(k, v), params, out, Some(lse))
 }
 
 /// Routes a validated problem to its backend.
-fn execute<T: Element>(
+pub(crate) fn execute<T: Element>(
     problem: &Problem,
     q: ArrayView3<T>,
-    k: ArrayView3<T>,
-    v: ArrayView3<T>,
+    kv: KeysValues<T>,
     params: &Params,
     mut out: ArrayViewMut3<T>,
     mut lse: Option<ArrayViewMut2<f32>>,
 ) -> Result<(), Error> {
-    let magnitudes = problem.check_magnitudes(q.view(), k.view(), v.view())?;
-    match params.backend {
-        Backend::Gpu => return gpu::forward(problem, q, k, v, out, lse),
-        // ALiBi and sinks run on the CPU only for now: no detour through a GPU that would refuse.
-        Backend::Auto if gpu::is_usable(T::DTYPE) && !problem.has_cpu_only_modifiers() => {
-            match gpu::forward(
-                problem,
-                q.view(),
-                k.view(),
-                v.view(),
-                out.view_mut(),
-                lse.as_mut().map(|l| l.view_mut()),
-            ) {
-                Ok(()) => return Ok(()),
-                Err(e) => log::warn!("varlen-attn: GPU failed ({e}); running on the CPU instead"),
+    let magnitudes = problem.check_magnitudes(q.view(), &kv)?;
+    let (k, v) = match &kv {
+        KeysValues::Packed(k, v) => (KvRows::Packed(Rows::new(k)), KvRows::Packed(Rows::new(v))),
+        KeysValues::Paged(k, v, table) => {
+            if params.backend == Backend::Gpu {
+                return Err(Error::GpuUnsupported("a paged K/V cache (Backend::Cpu or Auto runs it)".into()));
             }
+            let table = BlockTable::new(table);
+            (KvRows::Paged(PagedRows::new(k), table), KvRows::Paged(PagedRows::new(v), table))
         }
-        _ => {}
-    }
-    let io = cpu::Io {
-        q: Rows::new(&q),
-        k: Rows::new(&k),
-        v: Rows::new(&v),
-        out: RowsMut::new(&mut out),
-        lse: lse.as_mut().map(LseMut::new),
     };
+    if let KeysValues::Packed(k, v) = &kv {
+        match params.backend {
+            Backend::Gpu => return gpu::forward(problem, q, k.view(), v.view(), out, lse),
+            // ALiBi and sinks run on the CPU only for now: no detour through a GPU that would
+            // refuse.
+            Backend::Auto if gpu::is_usable(T::DTYPE) && !problem.has_cpu_only_modifiers() => {
+                match gpu::forward(
+                    problem,
+                    q.view(),
+                    k.view(),
+                    v.view(),
+                    out.view_mut(),
+                    lse.as_mut().map(|l| l.view_mut()),
+                ) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => log::warn!("varlen-attn: GPU failed ({e}); running on the CPU instead"),
+                }
+            }
+            _ => {}
+        }
+    }
+    let io = cpu::Io { q: Rows::new(&q), k, v, out: RowsMut::new(&mut out), lse: lse.as_mut().map(LseMut::new) };
     cpu::forward(problem, io, params.cpu_isa, magnitudes)
 }
 

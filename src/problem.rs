@@ -5,7 +5,7 @@ use crate::element::Element;
 use crate::error::{CuSeqlensRule, Error};
 use crate::mask::Mask;
 use crate::params::Params;
-use ndarray::ArrayView3;
+use ndarray::{s, ArrayView2, ArrayView3, ArrayView4};
 
 /// The largest head dimension (of q/k and of v) the kernels support.
 pub const MAX_HEAD_DIM: usize = 256;
@@ -44,6 +44,8 @@ pub(crate) struct Problem<'a> {
     alibi_slopes: Option<&'a [f32]>,
     /// Attention sinks, one per query head (validated).
     sinks: Option<&'a [f32]>,
+    /// Tokens per block of a paged K/V cache (`None`: K and V packed along `cu_seqlens_k`).
+    pub block_size: Option<usize>,
 }
 
 impl<'a> Problem<'a> {
@@ -57,17 +59,80 @@ impl<'a> Problem<'a> {
         cu_seqlens_k: &'a [i32],
         params: &'a Params,
     ) -> Result<Self, Error> {
-        let [total_q, num_heads, head_dim] = q;
-        let [total_k, num_kv_heads, _] = k;
-        let head_dim_v = v[2];
-        if k[2] != head_dim {
-            return Err(Error::Shape { arg: "k", axis: 2, expected: head_dim, got: k[2] });
+        if k[2] != q[2] {
+            return Err(Error::Shape { arg: "k", axis: 2, expected: q[2], got: k[2] });
         }
         for axis in 0..2 {
             if v[axis] != k[axis] {
                 return Err(Error::Shape { arg: "v", axis, expected: k[axis], got: v[axis] });
             }
         }
+        let problem = Self::build(q, k[1], v[2], cu_seqlens_q, cu_seqlens_k, params)?;
+        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k[0])?;
+        Ok(problem)
+    }
+
+    /// Checks a call on a paged cache: `k_cache [num_blocks, block_size, H_kv, D]`,
+    /// `v_cache [num_blocks, block_size, H_kv, D_v]`, and `block_table [batch, max_blocks]`,
+    /// whose entries each sequence's keys reach (`ceil(k_len / block_size)` of its row) must
+    /// name blocks of the cache. Blocks may be shared; entries past a sequence's keys are not
+    /// read.
+    pub fn new_paged(
+        q: [usize; 3],
+        k_cache: [usize; 4],
+        v_cache: [usize; 4],
+        block_table: ArrayView2<i32>,
+        cu_seqlens_q: &'a [i32],
+        cu_seqlens_k: &'a [i32],
+        params: &'a Params,
+    ) -> Result<Self, Error> {
+        if k_cache[3] != q[2] {
+            return Err(Error::Shape { arg: "k_cache", axis: 3, expected: q[2], got: k_cache[3] });
+        }
+        for axis in 0..3 {
+            if v_cache[axis] != k_cache[axis] {
+                return Err(Error::Shape { arg: "v_cache", axis, expected: k_cache[axis], got: v_cache[axis] });
+            }
+        }
+        let [num_blocks, block_size, num_kv_heads, _] = k_cache;
+        if block_size == 0 {
+            return Err(Error::Shape { arg: "k_cache", axis: 1, expected: 1, got: 0 });
+        }
+        let mut problem = Self::build(q, num_kv_heads, v_cache[3], cu_seqlens_q, cu_seqlens_k, params)?;
+        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_k.last().map_or(0, |&c| c.max(0) as usize))?;
+        let batch = problem.batch();
+        if block_table.dim().0 != batch {
+            return Err(Error::Shape { arg: "block_table", axis: 0, expected: batch, got: block_table.dim().0 });
+        }
+        let columns = block_table.dim().1;
+        for sequence in 0..batch {
+            let keys = problem.sequence(sequence).k_len;
+            let needed = keys.div_ceil(block_size);
+            if needed > columns {
+                return Err(Error::BlockTableTooShort { sequence, keys, block_size, columns });
+            }
+            for entry in 0..needed {
+                let value = block_table[[sequence, entry]];
+                if value < 0 || value as usize >= num_blocks {
+                    return Err(Error::BlockTable { sequence, entry, value, num_blocks });
+                }
+            }
+        }
+        problem.block_size = Some(block_size);
+        Ok(problem)
+    }
+
+    /// The checks common to packed and paged K/V: heads, head dims, `cu_seqlens_q` (and
+    /// `cu_seqlens_k`'s length), the parameters.
+    fn build(
+        q: [usize; 3],
+        num_kv_heads: usize,
+        head_dim_v: usize,
+        cu_seqlens_q: &'a [i32],
+        cu_seqlens_k: &'a [i32],
+        params: &'a Params,
+    ) -> Result<Self, Error> {
+        let [total_q, num_heads, head_dim] = q;
         if num_heads == 0 || num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
             return Err(Error::Heads { num_heads, num_kv_heads });
         }
@@ -77,7 +142,9 @@ impl<'a> Problem<'a> {
             }
         }
         check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q)?;
-        check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, total_k)?;
+        if cu_seqlens_k.len() < 2 {
+            return Err(Error::CuSeqlensTooShort { arg: "cu_seqlens_k", len: cu_seqlens_k.len() });
+        }
         if cu_seqlens_q.len() != cu_seqlens_k.len() {
             return Err(Error::CuSeqlensLength { q_len: cu_seqlens_q.len(), k_len: cu_seqlens_k.len() });
         }
@@ -138,6 +205,7 @@ impl<'a> Problem<'a> {
             mask: Mask { left: params.window_left, right },
             alibi_slopes,
             sinks,
+            block_size: None,
         })
     }
 
@@ -165,6 +233,7 @@ impl<'a> Problem<'a> {
             mask: self.mask,
             alibi_slopes: self.alibi_slopes,
             sinks: self.sinks,
+            block_size: self.block_size,
         }
     }
 
@@ -244,12 +313,7 @@ impl<'a> Problem<'a> {
     /// Checks that the finite inputs stay inside f32's range in the fast paths' arithmetic
     /// (see [`F32_EDGE`]); non-finite values are left to their own semantics. Returns what the
     /// scan found out about the bf16 matrix instructions (see [`Magnitudes`]).
-    pub fn check_magnitudes<T: Element>(
-        &self,
-        q: ArrayView3<T>,
-        k: ArrayView3<T>,
-        v: ArrayView3<T>,
-    ) -> Result<Magnitudes, Error> {
+    pub fn check_magnitudes<T: Element>(&self, q: ArrayView3<T>, kv: &KeysValues<T>) -> Result<Magnitudes, Error> {
         // The factors applied to every score: scale · log2(e) to base-2 logits, or
         // scale / softcap inside the tanh.
         let scale = 2.0 * self.scale_exact;
@@ -286,14 +350,16 @@ impl<'a> Problem<'a> {
         if !bf16 && score_factor * type_max * type_max < F32_EDGE && longest_keys * type_max < F32_EDGE {
             return Ok(Magnitudes { bf16_products_exact: true });
         }
-        let (max_q, max_k) = (scan(q, 0.0).max, scan(k, 0.0).max);
+        let max_q = scan(q, 0.0).max;
+        let max_k = kv.scan(self, Half::Keys, 0.0).max;
         let scores = score_factor * max_q * max_k;
         if scores >= F32_EDGE {
             return Err(Error::BeyondF32 {
                 quantity: "head_dim · max|q| · max|k| · max(1, 2·scale)", value: scores
             });
         }
-        let values = scan(v, if bf16 { BF16_PRODUCTS_V_FLOOR } else { 0.0 });
+        let floor = if bf16 { BF16_PRODUCTS_V_FLOOR } else { 0.0 };
+        let values = kv.scan(self, Half::Values, floor);
         let sums = longest_keys * values.max;
         if sums >= F32_EDGE {
             return Err(Error::BeyondF32 { quantity: "max|v| · the longest key sequence", value: sums });
@@ -367,11 +433,66 @@ const BF16_PRODUCTS_SCORE_FLUSH: f64 = 1.0 / (1u64 << 32) as f64;
 const F32_MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;
 
 /// What one pass over a tensor finds.
+#[derive(Clone, Copy)]
 struct Scan {
     /// The largest finite `|x|` (0 when there is none).
     max: f64,
     /// Whether some finite `|x|` lies in `(0, floor)`.
     below_floor: bool,
+}
+
+impl Scan {
+    const EMPTY: Scan = Scan { max: 0.0, below_floor: false };
+
+    /// What the scans of two parts of a tensor find together.
+    fn join(self, other: Scan) -> Scan {
+        Scan { max: self.max.max(other.max), below_floor: self.below_floor || other.below_floor }
+    }
+}
+
+/// The keys and values of a call, as its caller holds them.
+pub(crate) enum KeysValues<'a, T> {
+    /// `k [total_k, H_kv, D]`, `v [total_k, H_kv, D_v]`, packed along `cu_seqlens_k`.
+    Packed(ArrayView3<'a, T>, ArrayView3<'a, T>),
+    /// Caches `[num_blocks, block_size, H_kv, D]` (and `D_v`) with their block table.
+    Paged(ArrayView4<'a, T>, ArrayView4<'a, T>, ArrayView2<'a, i32>),
+}
+
+/// Which half of [`KeysValues`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Half {
+    Keys,
+    Values,
+}
+
+impl<T: Element> KeysValues<'_, T> {
+    /// Scans the parts of K (or V) that the call reads, each once: the whole tensor when
+    /// packed; when paged, every block the sequences reach, up to the last slot any sequence
+    /// reads (slots past a sequence's keys may hold anything, and are not read).
+    fn scan(&self, problem: &Problem, half: Half, floor: f64) -> Scan {
+        match self {
+            KeysValues::Packed(k, v) => scan(if half == Half::Keys { k.view() } else { v.view() }, floor),
+            KeysValues::Paged(k, v, table) => {
+                let cache = if half == Half::Keys { k } else { v };
+                let block_size = cache.dim().1;
+                // Slots read in each block: the most any sequence reads.
+                let mut slots = vec![0usize; cache.dim().0];
+                for b in 0..problem.batch() {
+                    let keys = problem.sequence(b).k_len;
+                    for entry in 0..keys.div_ceil(block_size) {
+                        let block = table[[b, entry]] as usize;
+                        slots[block] = slots[block].max((keys - entry * block_size).min(block_size));
+                    }
+                }
+                slots
+                    .into_iter()
+                    .enumerate()
+                    .filter(|&(_, n)| n > 0)
+                    .map(|(block, n)| scan(cache.slice(s![block, ..n, .., ..]), floor))
+                    .fold(Scan::EMPTY, Scan::join)
+            }
+        }
+    }
 }
 
 /// The largest finite `|x|` and whether some nonzero finite `|x|` lies below `floor`.

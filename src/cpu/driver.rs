@@ -7,7 +7,7 @@ use super::softmax::RowState;
 use super::tile::{round_up, TileKernel};
 use super::workspace::Carver;
 use crate::element::Element;
-use crate::layout::{LseMut, Rows, RowsMut, SequenceRows};
+use crate::layout::{KvRows, LseMut, Rows, RowsMut, SequenceRows};
 use crate::problem::{Problem, Sequence};
 use core::ops::Range;
 
@@ -15,8 +15,8 @@ use core::ops::Range;
 #[derive(Clone, Copy)]
 pub(crate) struct Io<'a, T> {
     pub q: Rows<'a, T>,
-    pub k: Rows<'a, T>,
-    pub v: Rows<'a, T>,
+    pub k: KvRows<'a, T>,
+    pub v: KvRows<'a, T>,
     pub out: RowsMut<'a, T>,
     pub lse: Option<LseMut<'a>>,
 }
@@ -101,7 +101,7 @@ pub(crate) unsafe fn attend<T: Element, K: TileKernel<T>>(
     let keys = mask.visible_keys_of_block(item.rows.clone(), lq, lk);
     let blocks = if keys.is_empty() { 0..0 } else { keys.start / K::KEY_BLOCK..keys.end.div_ceil(K::KEY_BLOCK) };
 
-    let values = SequenceRows::new(&io.v, seq.k_start, kv_head);
+    let values = SequenceRows::new(&io.v, seq.index, seq.k_start, kv_head);
     for index in blocks {
         let block = index * K::KEY_BLOCK..((index + 1) * K::KEY_BLOCK).min(lk);
         let width = round_up(block.len(), K::STRIP);

@@ -222,7 +222,7 @@ fn run<S: Simd, T: Element, K: TileKernel<T>>(simd: S, kernel: K, problem: &Prob
                     let start = block * K::KEY_BLOCK;
                     let keys = start..(start + K::KEY_BLOCK).min(sequence.k_len);
                     let (k, v) = slot_data.split_at_mut(k_len);
-                    simd.vectorize(Pack { kernel, io, first: sequence.k_start, keys, head, k, v, finite });
+                    simd.vectorize(Pack { kernel, io, sequence, keys, head, k, v, finite });
                 };
                 if parallel {
                     packed
@@ -288,12 +288,12 @@ fn split_pairs<P: Send, F: Fn(usize, &mut [P], &mut [bool]) + Sync>(
     }
 }
 
-/// Packs one key block (keys `keys` of the sequence whose first key is token `first`) inside
-/// the instruction set's `target_feature` context.
+/// Packs one key block (keys `keys` of `sequence`) inside the instruction set's
+/// `target_feature` context.
 struct Pack<'a, 'io, T: Element, K: TileKernel<T>> {
     kernel: K,
     io: &'a Io<'io, T>,
-    first: usize,
+    sequence: crate::problem::Sequence,
     keys: core::ops::Range<usize>,
     head: usize,
     k: &'a mut [K::Packed],
@@ -306,8 +306,9 @@ impl<T: Element, K: TileKernel<T>> WithSimd for Pack<'_, '_, T, K> {
     #[inline(always)]
     fn with_simd<S: Simd>(self, _simd: S) {
         let (k, v) = (&self.io.k, &self.io.v);
-        self.kernel.pack_k(&SequenceRows::new(k, self.first, self.head), self.keys.clone(), self.k);
-        *self.finite = self.kernel.pack_v(&SequenceRows::new(v, self.first, self.head), self.keys, self.v);
+        let (index, first) = (self.sequence.index, self.sequence.k_start);
+        self.kernel.pack_k(&SequenceRows::new(k, index, first, self.head), self.keys.clone(), self.k);
+        *self.finite = self.kernel.pack_v(&SequenceRows::new(v, index, first, self.head), self.keys, self.v);
     }
 }
 
@@ -335,8 +336,9 @@ impl<T: Element, K: TileKernel<T>> WithSimd for Attend<'_, '_, '_, '_, T, K> {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-    use crate::layout::{Rows, RowsMut};
+    use crate::layout::{KvRows, Rows, RowsMut};
     use crate::params::default_params;
+    use crate::problem::KeysValues;
     use half::bf16;
     use ndarray::Array3;
 
@@ -360,8 +362,8 @@ mod tests {
         let mut out = Array3::from_elem(problem.out_shape(), bf16::ZERO);
         let (qv, kv, vv) = (q.view(), k.view(), v.view());
         let mut out_view = out.view_mut();
-        let io =
-            Io { q: Rows::new(&qv), k: Rows::new(&kv), v: Rows::new(&vv), out: RowsMut::new(&mut out_view), lse: None };
+        let (k, v) = (KvRows::Packed(Rows::new(&kv)), KvRows::Packed(Rows::new(&vv)));
+        let io = Io { q: Rows::new(&qv), k, v, out: RowsMut::new(&mut out_view), lse: None };
         forward(&problem, io, isa, Magnitudes { bf16_products_exact: true }).unwrap();
         out
     }
@@ -385,7 +387,9 @@ mod tests {
         });
         let cu = [0, 40, tokens as i32];
         let problem = Problem::new([tokens, 2, d], [tokens, 2, d], [tokens, 2, d], &cu, &cu, default_params()).unwrap();
-        assert!(problem.check_magnitudes(q.view(), k.view(), v.view()).unwrap().bf16_products_exact);
+        assert!(
+            problem.check_magnitudes(q.view(), &KeysValues::Packed(k.view(), v.view())).unwrap().bf16_products_exact
+        );
         let reference = crate::oracle::reference(q.view(), k.view(), v.view(), &cu, &cu, default_params()).unwrap();
         for isa in [CpuIsa::Avx512Bf16, CpuIsa::Amx] {
             let available = match isa {
@@ -402,6 +406,11 @@ mod tests {
         }
         // Half the floor (some products now flushed to no purpose) goes to the f32 kernel.
         let below = v.mapv(|x| bf16::from_f64(x.to_f64() / 2.0));
-        assert!(!problem.check_magnitudes(q.view(), k.view(), below.view()).unwrap().bf16_products_exact);
+        assert!(
+            !problem
+                .check_magnitudes(q.view(), &KeysValues::Packed(k.view(), below.view()))
+                .unwrap()
+                .bf16_products_exact
+        );
     }
 }

@@ -150,6 +150,37 @@ pub fn reference<T: Element>(
     reference_rows(q, k, v, cu_seqlens_q, cu_seqlens_k, params, &tokens)
 }
 
+/// [`reference()`] for keys and values in a paged cache ([`crate::forward_paged`]'s arguments):
+/// the sequences' keys are gathered, entry by entry of the block table, into packed tensors,
+/// which the formula then reads.
+///
+/// ```
+/// use ndarray::{Array2, Array3, Array4};
+/// use varlen_attn::{forward_paged, oracle, PagedKv, Params};
+/// let cache = Array4::from_shape_fn((3, 4, 1, 2), |(b, s, _, d)| (b * 4 + s + d) as f32 / 8.0);
+/// let table = Array2::from_shape_vec((2, 2), vec![2, 0, 1, 2])?;
+/// let kv = PagedKv { k_cache: cache.view(), v_cache: cache.view(), block_table: table.view() };
+/// let q = Array3::<f32>::ones((3, 1, 2));
+/// let (cu_q, cu_k) = ([0, 1, 3], [0, 6, 14]);
+/// let out = forward_paged(q.view(), &kv, &cu_q, &cu_k, &Params::default())?;
+/// let reference = oracle::reference_paged(q.view(), &kv, &cu_q, &cu_k, &Params::default())?;
+/// assert!(reference.compare(out.view()).worst.is_none());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`crate::forward_paged`].
+pub fn reference_paged<T: Element>(
+    q: ArrayView3<T>,
+    kv: &crate::PagedKv<T>,
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    params: &Params,
+) -> Result<Reference, Error> {
+    let (k, v) = crate::paged::gather(&q, kv, cu_seqlens_q, cu_seqlens_k, params)?;
+    reference(q, k.view(), v.view(), cu_seqlens_q, cu_seqlens_k, params)
+}
+
 /// [`reference()`] for the chosen query tokens only (in the order given), so that large problems
 /// can be spot-checked: its cost is proportional to the keys those rows see.
 ///
