@@ -173,6 +173,12 @@ fn batch_cases() -> Vec<(&'static str, usize, usize, usize, Vec<usize>)> {
         ("GQA 32/8 x 128", 32, 8, 128, vec![16742, 500, 3000, 1]),
         ("mixed, head_dim 80", 16, 16, 80, mixed.clone()),
         ("mixed, head_dim 64", 16, 16, 64, mixed),
+        ("256 images x 64", 16, 16, 72, vec![64; 256]),
+        // Throughput against batch size: the same 1,024-token image, N times.
+        ("64 images x 1024", 16, 16, 72, vec![1024; 64]),
+        ("256 images x 1024", 16, 16, 72, vec![1024; 256]),
+        ("1024 images x 1024", 16, 16, 72, vec![1024; 1024]),
+        ("2200 images x 1024", 16, 16, 72, vec![1024; 2200]),
     ]
 }
 
@@ -189,15 +195,22 @@ fn batches(device: &Device) {
             }))
             .collect();
         let mut state = 0x2545_F491_4F6C_DD1Du64 ^ tokens as u64;
+        // Up to 2^24 random values, then repeated: the largest batches hold billions of
+        // elements, which one host thread would take minutes to draw.
         let mut random = |n: usize| -> Vec<bf16> {
-            (0..n)
+            let mut values: Vec<bf16> = (0..n.min(1 << 24))
                 .map(|_| {
                     state ^= state << 13;
                     state ^= state >> 7;
                     state ^= state << 17;
                     bf16::from_f32((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
                 })
-                .collect()
+                .collect();
+            let drawn = values.len();
+            while values.len() < n {
+                values.extend_from_within(..(n - values.len()).min(drawn));
+            }
+            values
         };
         let (q, k, v) =
             (random(tokens * heads * dim), random(tokens * kv_heads * dim), random(tokens * kv_heads * dim));
