@@ -484,53 +484,63 @@ impl<T: Element> KeysValues<'_, T> {
                         slots[block] = slots[block].max((keys - entry * block_size).min(block_size));
                     }
                 }
-                slots
-                    .into_iter()
-                    .enumerate()
-                    .filter(|&(_, n)| n > 0)
-                    .map(|(block, n)| scan(cache.slice(s![block, ..n, .., ..]), floor))
-                    .fold(Scan::EMPTY, Scan::join)
+                use rayon::prelude::*;
+                let part = |(block, n): (usize, usize)| scan(cache.slice(s![block, ..n, .., ..]), floor);
+                let parts = slots.into_par_iter().enumerate().with_min_len(64).filter(|&(_, n)| n > 0);
+                parts.map(part).reduce(|| Scan::EMPTY, Scan::join)
             }
         }
     }
 }
 
-/// The largest finite `|x|` and whether some nonzero finite `|x|` lies below `floor`.
+/// Elements from which a contiguous scan is split across the thread pool (a scan is bound by
+/// memory bandwidth, which one core does not reach).
+const PARALLEL_SCAN: usize = 1 << 22;
+
+/// The largest finite `|x|` and whether some nonzero finite `|x|` lies below `floor`: one pass,
+/// split across threads for large contiguous tensors.
+fn scan<T: Element>(x: ArrayView3<T>, floor: f64) -> Scan {
+    match x.as_slice_memory_order() {
+        Some(s) if s.len() >= PARALLEL_SCAN => {
+            use rayon::prelude::*;
+            s.par_chunks(PARALLEL_SCAN / 8).map(|c| scan_slice(c, floor)).reduce(|| Scan::EMPTY, Scan::join)
+        }
+        Some(s) => scan_slice(s, floor),
+        None => x.rows().into_iter().fold(Scan::EMPTY, |acc, row| {
+            let part = match row.as_slice() {
+                Some(s) => scan_slice(s, floor),
+                None => scan_slice(&row.to_vec(), floor),
+            };
+            acc.join(part)
+        }),
+    }
+}
+
+/// [`scan`] of a slice.
 ///
 /// Magnitudes compare as their bit patterns with the sign cleared; those with an exponent of
 /// all ones (infinity, NaN) are left out. The smallest nonzero magnitude is tracked as the
 /// minimum of `magnitude - 1` (zero wraps to the largest pattern). Lane-wise integer maxima and
 /// minima over fixed chunks, which vectorise.
-fn scan<T: Element>(x: ArrayView3<T>, floor: f64) -> Scan {
+fn scan_slice<T: Element>(s: &[T], floor: f64) -> Scan {
     macro_rules! scan_bits {
         ($bits:ty, $magnitude:expr, $all_ones:expr) => {{
             let (magnitude, all_ones): ($bits, $bits) = ($magnitude, $all_ones);
             let finite = |b: $bits| if b & magnitude < all_ones { b & magnitude } else { 0 };
-            let (largest, smallest_less_one): ($bits, $bits) = match x.as_slice_memory_order() {
-                Some(s) => {
-                    let s = bytemuck::cast_slice::<T, $bits>(s);
-                    let mut largest = [0 as $bits; 32];
-                    let mut smallest = [<$bits>::MAX; 32];
-                    let mut chunks = s.chunks_exact(32);
-                    for chunk in &mut chunks {
-                        for i in 0..32 {
-                            let m = finite(chunk[i]);
-                            largest[i] = largest[i].max(m);
-                            smallest[i] = smallest[i].min(m.wrapping_sub(1));
-                        }
-                    }
-                    let init =
-                        (largest.into_iter().max().unwrap_or(0), smallest.into_iter().min().unwrap_or(<$bits>::MAX));
-                    chunks
-                        .remainder()
-                        .iter()
-                        .fold(init, |(l, s), &b| (l.max(finite(b)), s.min(finite(b).wrapping_sub(1))))
+            let s = bytemuck::cast_slice::<T, $bits>(s);
+            let mut largest = [0 as $bits; 32];
+            let mut smallest = [<$bits>::MAX; 32];
+            let mut chunks = s.chunks_exact(32);
+            for chunk in &mut chunks {
+                for i in 0..32 {
+                    let m = finite(chunk[i]);
+                    largest[i] = largest[i].max(m);
+                    smallest[i] = smallest[i].min(m.wrapping_sub(1));
                 }
-                None => x.iter().fold((0, <$bits>::MAX), |(l, s), e| {
-                    let m = finite(bytemuck::cast(*e));
-                    (l.max(m), s.min(m.wrapping_sub(1)))
-                }),
-            };
+            }
+            let init = (largest.into_iter().max().unwrap_or(0), smallest.into_iter().min().unwrap_or(<$bits>::MAX));
+            let (largest, smallest_less_one) =
+                chunks.remainder().iter().fold(init, |(l, s), &b| (l.max(finite(b)), s.min(finite(b).wrapping_sub(1))));
             (largest, smallest_less_one.checked_add(1))
         }};
     }

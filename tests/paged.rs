@@ -162,6 +162,47 @@ fn decode_and_chunked_prefill() {
     check::<bf16>(&mut rng, &[1, 30, 5], &[700, 300, 5], (8, 2), (128, 128), 32, &causal);
 }
 
+/// Decode-shaped calls (at most 16 query rows per kv head: one kernel that streams K and V
+/// once, keys split across threads) with every feature, against the oracle and the packed call.
+#[test]
+fn decode_with_every_feature() {
+    let mut rng = Rng::new(7);
+    let cases = [
+        Params { causal: true, ..Params::default() },
+        Params { window_left: Some(100), causal: true, softcap: Some(20.0), ..Params::default() },
+        Params { alibi_slopes: Some((0..8).map(|h| 0.5f32.powi(h + 1)).collect()), ..Params::default() },
+        Params { sinks: Some((0..8).map(|h| h as f32 - 4.0).collect()), causal: true, ..Params::default() },
+    ];
+    for params in &cases {
+        // GQA 8/1 (8 rows per kv head), 2 queries each (16 rows), one empty context.
+        check::<bf16>(&mut rng, &[1, 2, 1], &[2000, 700, 0], (8, 1), (64, 64), 16, params);
+        check::<f32>(&mut rng, &[2, 1], &[1500, 33], (8, 2), (40, 24), 32, params);
+        check::<f16>(&mut rng, &[1], &[3000], (8, 8), (128, 128), 256, params);
+    }
+}
+
+/// In a decode call, infinity in the values of keys a row's window leaves out stays out of
+/// that row.
+#[test]
+fn decode_keeps_masked_non_finite_values_out() {
+    let mut rng = Rng::new(8);
+    let cu = cu_seqlens(&[1, 1]);
+    let cu_k = cu_seqlens(&[600, 300]);
+    let q = random_tensor::<f32>(&mut rng, (2, 4, 16), 1.0);
+    let k = random_tensor::<f32>(&mut rng, (900, 2, 16), 1.0);
+    let mut v = random_tensor::<f32>(&mut rng, (900, 2, 16), 1.0);
+    // Sequence 0's first 100 keys are outside a window of 50 to the left of its last key.
+    v.slice_mut(s![..100, .., ..]).fill(f32::INFINITY);
+    let params = Params { window_left: Some(50), causal: true, ..Params::default() };
+    let reference = oracle::reference(q.view(), k.view(), v.view(), &cu, &cu_k, &params).unwrap();
+    for isa in cpu_paths::<f32>() {
+        let p = Params { cpu_isa: isa, backend: Backend::Cpu, ..params.clone() };
+        let out = varlen_attn::forward(q.view(), k.view(), v.view(), &cu, &cu_k, &p).unwrap();
+        assert!(out.iter().all(|x| x.is_finite()), "{isa:?}");
+        assert!(reference.compare(out.view()).worst.is_none(), "{isa:?}");
+    }
+}
+
 /// A cache with K and V in one tensor `[2, num_blocks, block_size, H_kv, D]` (vLLM's layout),
 /// and a cache whose heads are every other one of a wider tensor: the views are read in place.
 #[test]

@@ -17,6 +17,7 @@
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod bf16dot;
+mod decode;
 mod driver;
 mod fma;
 mod kv_cache;
@@ -141,7 +142,11 @@ pub(crate) fn forward<T: Element>(
             let bf16dot = bf16dot::Bf16DotKernel::<T>::try_new();
             match (isa, amx, bf16dot) {
                 (CpuIsa::Amx, None, _) | (CpuIsa::Avx512Bf16, _, None) => return Err(unavailable()),
-                _ if !magnitudes.bf16_products_exact => Portable { problem, io: &io }.with_simd(simd),
+                // Decode-shaped calls are bound by memory, not by the matrix units; calls the
+                // flush could move need f32 products.
+                _ if decode::applies(problem) || !magnitudes.bf16_products_exact => {
+                    Portable { problem, io: &io }.with_simd(simd)
+                }
                 (CpuIsa::Amx, Some(kernel), _) => run(simd, kernel, problem, &io),
                 (_, _, Some(kernel)) => run(simd, kernel, problem, &io),
                 _ => unreachable!("every unavailable case returned above"),
@@ -169,7 +174,11 @@ impl<T: Element> WithSimd for Portable<'_, '_, T> {
     type Output = ();
     #[inline(always)]
     fn with_simd<S: Simd>(self, simd: S) {
-        run(simd, FmaKernel::new(simd), self.problem, self.io);
+        if decode::applies(self.problem) {
+            decode::run(simd, self.problem, self.io);
+        } else {
+            run(simd, FmaKernel::new(simd), self.problem, self.io);
+        }
     }
 }
 

@@ -1,0 +1,331 @@
+//! Decode: a few query rows per sequence against long contexts (one token per sequence, or a
+//! few under speculative decoding). Such a call reads every key and value once and does little
+//! arithmetic per byte: its limit is memory bandwidth, so nothing is packed. Each work item
+//! takes one sequence and a chunk of its keys, holds the query rows of every head (so a GQA
+//! group reads its K and V once, not once per head, and a key's rows of all kv heads, adjacent
+//! in memory, are read together), widens each key and value row to f32 as it streams past, and
+//! leaves a partial result; long sequences are cut into chunks until every core has work
+//! (FlashAttention's split-KV decoding), and a second pass combines each row's chunks by their
+//! maxima.
+//!
+//! Scores are dot products with one horizontal sum each, mapped to natural-unit logits
+//! (scale, soft-cap, ALiBi) row by row, then the online softmax of `softmax.rs` on panels of
+//! rows, as the portable kernel uses it.
+
+use super::math::exp2_nonpositive;
+use super::score::ScoreMap;
+use super::softmax::{self, RowState};
+use super::workspace::Carver;
+use super::{kv_cache, workspace, Io};
+use crate::element::Element;
+use crate::layout::SequenceRows;
+use crate::problem::{Problem, Sequence};
+use core::ops::Range;
+use pulp::{Simd, WithSimd};
+use rayon::prelude::*;
+
+/// The most query rows per kv head for the decode path: GQA group size times the longest
+/// query sequence.
+pub(crate) const MAX_ROWS_PER_KV_HEAD: usize = 16;
+/// Keys per block of the online softmax.
+const KEY_BLOCK: usize = 64;
+/// The fewest keys worth a chunk of their own.
+const MIN_CHUNK: usize = 256;
+
+/// Whether the problem is decode-shaped: every (sequence, kv head) has at most
+/// [`MAX_ROWS_PER_KV_HEAD`] query rows.
+pub(crate) fn applies(problem: &Problem) -> bool {
+    longest_queries(problem) * problem.group_size() <= MAX_ROWS_PER_KV_HEAD
+}
+
+fn longest_queries(problem: &Problem) -> usize {
+    (0..problem.batch()).map(|b| problem.sequence(b).q_len).max().unwrap_or(0)
+}
+
+/// One work item: keys `keys` of `sequence`, every head.
+struct Chunk {
+    sequence: Sequence,
+    keys: Range<usize>,
+}
+
+/// Rows of a panel: whole pairs of vectors (`softmax::update`'s layout), at least `rows`.
+fn panel_rows<S: Simd>(rows: usize) -> usize {
+    rows.max(1).next_multiple_of(2 * S::F32_LANES)
+}
+
+/// Runs a decode-shaped problem with the f32 vector unit `simd`.
+pub(crate) fn run<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>) {
+    // Chunks: enough for every thread several times over, none under MIN_CHUNK keys.
+    let threads = rayon::current_num_threads();
+    let splits = (4 * threads).div_ceil(problem.batch().max(1));
+    CHUNKS.with(|cell| {
+        let mut chunks = cell.take();
+        chunks.clear();
+        plan(problem, splits, &mut chunks);
+        run_chunks(simd, problem, io, &chunks);
+        cell.replace(chunks);
+    });
+}
+
+thread_local! {
+    /// The chunk list, kept between calls so that a call allocates nothing once it has grown.
+    static CHUNKS: core::cell::Cell<Vec<Chunk>> = const { core::cell::Cell::new(Vec::new()) };
+}
+
+/// Cuts every sequence into at most `splits` chunks of at least [`MIN_CHUNK`] keys.
+fn plan(problem: &Problem, splits: usize, chunks: &mut Vec<Chunk>) {
+    for b in 0..problem.batch() {
+        let sequence = problem.sequence(b);
+        if sequence.q_len == 0 {
+            continue;
+        }
+        let size = sequence.k_len.div_ceil(splits).max(MIN_CHUNK);
+        let mut start = 0;
+        loop {
+            let end = (start + size).min(sequence.k_len);
+            chunks.push(Chunk { sequence, keys: start..end });
+            if end == sequence.k_len {
+                break;
+            }
+            start = end;
+        }
+    }
+}
+
+/// Runs the chunks, then combines each (sequence, kv head)'s.
+fn run_chunks<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>, chunks: &[Chunk]) {
+    let (dv, threads) = (problem.head_dim_v, rayon::current_num_threads());
+    let panel = panel_rows::<S>(problem.num_heads * longest_queries(problem));
+    // Each chunk's partial rows: max and sum (base-2, relative to the max), then O unnormalised.
+    let stride = 2 * panel + panel * dv;
+    let lines = workspace_lines(panel, problem.head_dim, dv);
+    let parallel = threads > 1 && chunks.len() > 1;
+    kv_cache::with_cache(|cache| {
+        let (partials, _, _) = cache.buffers::<f32>(chunks.len() * stride, 0);
+        let work = |(chunk, partial): (&Chunk, &mut [f32])| {
+            workspace::with_workspace(lines, |carver| {
+                simd.vectorize(Attend { problem, io, chunk, partial, carver, panel });
+            })
+        };
+        if parallel {
+            chunks.par_iter().zip(partials.par_chunks_mut(stride)).for_each(work);
+        } else {
+            chunks.iter().zip(partials.chunks_mut(stride)).for_each(work);
+        }
+        // Combine: the chunks of one sequence are consecutive.
+        let mut first = 0;
+        while first < chunks.len() {
+            let mut last = first + 1;
+            while last < chunks.len() && chunks[last].sequence.index == chunks[first].sequence.index {
+                last += 1;
+            }
+            // SAFETY: each sequence writes its own rows.
+            unsafe { combine(problem, io, &chunks[first], &partials[first * stride..last * stride], stride, panel) };
+            first = last;
+        }
+    });
+}
+
+/// Workspace of one chunk, in 64-byte lines: Q, a widened row, the scores, alpha, and each
+/// row's ALiBi slope and visible keys.
+fn workspace_lines(panel: usize, d: usize, dv: usize) -> usize {
+    let floats = panel * d + d.max(dv) + KEY_BLOCK * panel + 2 * panel;
+    (floats * 4).div_ceil(64) + (2 * panel * 8).div_ceil(64) + 8
+}
+
+/// One chunk inside the instruction set's `target_feature` context.
+struct Attend<'a, 'p, 'io, 'w, T> {
+    problem: &'a Problem<'p>,
+    io: &'a Io<'io, T>,
+    chunk: &'a Chunk,
+    partial: &'a mut [f32],
+    carver: &'a mut Carver<'w>,
+    panel: usize,
+}
+
+impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
+    type Output = ();
+    #[inline(always)]
+    fn with_simd<S: Simd>(self, simd: S) {
+        let Attend { problem, io, chunk, partial, carver, panel } = self;
+        let (d, dv) = (problem.head_dim, problem.head_dim_v);
+        let seq = chunk.sequence;
+        let (lq, lk) = (seq.q_len, seq.k_len);
+        let (heads, kv_heads) = (problem.num_heads, problem.num_kv_heads);
+        let rows = heads * lq;
+        // Row r: query head r / lq, query row r % lq of the sequence; the rows of kv head g
+        // are `group_rows · g..group_rows · (g + 1)`.
+        let group_rows = problem.group_size() * lq;
+        let (max, rest) = partial.split_at_mut(panel);
+        let (sum, o) = rest.split_at_mut(panel);
+        max.fill(f32::NEG_INFINITY);
+        sum.fill(0.0);
+        o.fill(0.0);
+        let q = carver.take::<f32>(panel * d);
+        let row = carver.take::<f32>(d.max(dv));
+        let scores = carver.take::<f32>(KEY_BLOCK * panel);
+        let alpha = carver.take::<f32>(panel);
+        let slopes = carver.take::<f32>(panel);
+        let seen = carver.take::<[u32; 2]>(panel);
+        // The panel's rows past `rows` are computed along and ignored: keep them finite.
+        scores.fill(0.0);
+        for r in 0..rows {
+            let values = io.q.row(seq.q_start + r % lq, r / lq);
+            for (x, v) in q[r * d..(r + 1) * d].iter_mut().zip(values.iter()) {
+                *x = v.to_f32();
+            }
+            slopes[r] = problem.alibi_slope(seq.index, r / lq).unwrap_or(0.0);
+            let v = problem.mask.visible_keys(r % lq, lq, lk);
+            seen[r] = [v.start as u32, v.end as u32];
+        }
+        let sees = |r: usize, j: usize| (seen[r][0] as usize..seen[r][1] as usize).contains(&j);
+        let (scale, softcap) = (problem.scale, problem.softcap);
+        let mut block = chunk.keys.start;
+        while block < chunk.keys.end {
+            let end = (block + KEY_BLOCK).min(chunk.keys.end);
+            let width = end - block;
+            // Scores, as natural-unit logits, in the panel layout [key][row]; a key's rows of
+            // every kv head one after another (adjacent in memory).
+            for j in 0..width {
+                for g in 0..kv_heads {
+                    widen(&SequenceRows::new(&io.k, seq.index, seq.k_start, g), block + j, &mut row[..d]);
+                    for r in g * group_rows..(g + 1) * group_rows {
+                        let s = dot(simd, &q[r * d..(r + 1) * d], &row[..d]);
+                        let s = match softcap {
+                            Some(cap) => cap * (s * (scale / cap)).tanh(),
+                            None => s * scale,
+                        };
+                        let distance = ((r % lq + lk) as i64 - lq as i64 - (block + j) as i64).unsigned_abs() as f32;
+                        scores[j * panel + r] = s - slopes[r] * distance;
+                    }
+                }
+            }
+            let visible = |r: usize| {
+                let (first, last) = (seen[r][0] as usize, seen[r][1] as usize);
+                (first > block || last < end).then(|| first.clamp(block, end) - block..last.clamp(block, end) - block)
+            };
+            let map = ScoreMap { scale: 1.0, softcap: None, alibi: None };
+            let mut state = RowState { max: &mut *max, sum: &mut *sum, alpha: &mut *alpha };
+            softmax::update(simd, scores, KEY_BLOCK, rows, panel, width, map, &visible, &mut state);
+            for r in 0..rows {
+                let a = alpha[r];
+                if a != 1.0 {
+                    o[r * dv..(r + 1) * dv].iter_mut().for_each(|x| *x *= a);
+                }
+            }
+            // O += P V, each row over the keys it sees (a masked key's 0 · inf would be NaN).
+            for j in 0..width {
+                for g in 0..kv_heads {
+                    widen(&SequenceRows::new(&io.v, seq.index, seq.k_start, g), block + j, &mut row[..dv]);
+                    for r in g * group_rows..(g + 1) * group_rows {
+                        if sees(r, block + j) {
+                            axpy(simd, scores[j * panel + r], &row[..dv], &mut o[r * dv..(r + 1) * dv]);
+                        }
+                    }
+                }
+            }
+            block = end;
+        }
+    }
+}
+
+/// Key (or value) `j` widened to f32 into `dst`.
+#[inline(always)]
+fn widen<T: Element>(rows: &SequenceRows<T>, j: usize, dst: &mut [f32]) {
+    let row = rows.row(j);
+    match row.as_slice() {
+        Some(s) => dst.iter_mut().zip(s).for_each(|(d, x)| *d = x.to_f32()),
+        None => dst.iter_mut().zip(row.iter()).for_each(|(d, x)| *d = x.to_f32()),
+    }
+}
+
+/// `Σ a_i b_i` in f32.
+#[inline(always)]
+fn dot<S: Simd>(simd: S, a: &[f32], b: &[f32]) -> f32 {
+    let (a_head, a_tail) = S::as_simd_f32s(a);
+    let (b_head, b_tail) = S::as_simd_f32s(b);
+    let mut acc = [simd.splat_f32s(0.0); 2];
+    let mut pairs = a_head.iter().zip(b_head);
+    for (i, (&x, &y)) in (&mut pairs).enumerate() {
+        acc[i % 2] = simd.mul_add_f32s(x, y, acc[i % 2]);
+    }
+    let tail: f32 = a_tail.iter().zip(b_tail).map(|(x, y)| x * y).sum();
+    simd.reduce_sum_f32s(simd.add_f32s(acc[0], acc[1])) + tail
+}
+
+/// `y += a x` in f32.
+#[inline(always)]
+fn axpy<S: Simd>(simd: S, a: f32, x: &[f32], y: &mut [f32]) {
+    let (x_head, x_tail) = S::as_simd_f32s(x);
+    let (y_head, y_tail) = S::as_mut_simd_f32s(y);
+    let av = simd.splat_f32s(a);
+    for (yv, &xv) in y_head.iter_mut().zip(x_head) {
+        *yv = simd.mul_add_f32s(av, xv, *yv);
+    }
+    for (yv, &xv) in y_tail.iter_mut().zip(x_tail) {
+        *yv += a * xv;
+    }
+}
+
+/// Combines the partial rows of one sequence's chunks and writes its output rows (and LSE), a
+/// sink joining each row's max and sum.
+///
+/// # Safety
+/// No other thread may access the output rows (or LSE entries) of this sequence.
+unsafe fn combine<T: Element>(
+    problem: &Problem,
+    io: &Io<T>,
+    chunk: &Chunk,
+    partials: &[f32],
+    stride: usize,
+    panel: usize,
+) {
+    let dv = problem.head_dim_v;
+    let seq = chunk.sequence;
+    let lq = seq.q_len;
+    let parts = partials.len() / stride;
+    let part = |c: usize| &partials[c * stride..(c + 1) * stride];
+    let mut o = [0f32; crate::problem::MAX_HEAD_DIM];
+    for r in 0..problem.num_heads * lq {
+        let head = r / lq;
+        let token = seq.q_start + r % lq;
+        let mut m = (0..parts).map(|c| part(c)[r]).fold(f32::NEG_INFINITY, f32::max);
+        if let Some(sink) = problem.sink(head) {
+            let sink = sink * core::f32::consts::LOG2_E;
+            if !m.is_nan() {
+                m = m.max(sink);
+            }
+        }
+        let shift = if m == f32::NEG_INFINITY { 0.0 } else { m };
+        let mut l = 0f32;
+        o[..dv].fill(0.0);
+        for c in 0..parts {
+            let p = part(c);
+            let weight = exp2_scalar(p[r] - shift);
+            l += p[panel + r] * weight;
+            for (x, &y) in o[..dv].iter_mut().zip(&p[2 * panel + r * dv..2 * panel + (r + 1) * dv]) {
+                *x += y * weight;
+            }
+        }
+        if let Some(sink) = problem.sink(head) {
+            l += exp2_scalar(sink * core::f32::consts::LOG2_E - shift);
+        }
+        let seen = l != 0.0;
+        let inv = 1.0 / l;
+        // SAFETY: per the caller, these rows are ours alone.
+        unsafe { io.out.write_row(token, head, |j| T::from_f32(if seen { o[j] * inv } else { 0.0 })) };
+        if let Some(lse) = &io.lse {
+            let value = if seen { m * core::f32::consts::LN_2 + l.ln() } else { f32::NEG_INFINITY };
+            // SAFETY: as above.
+            unsafe { lse.write(head, token, value) };
+        }
+    }
+}
+
+/// `2^x` for `x <= 0` (or NaN), as the kernels compute it.
+fn exp2_scalar(x: f32) -> f32 {
+    let simd = pulp::Scalar::new();
+    let v = exp2_nonpositive(simd, simd.splat_f32s(x));
+    let out: [f32; 1] = bytemuck::cast(v);
+    out[0]
+}
