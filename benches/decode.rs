@@ -32,9 +32,13 @@ fn main() {
     let n = 64 << 20;
     let source = vec![1u64; n];
     let mut target = vec![0u64; n];
-    let copy = best(5, || target.par_chunks_mut(1 << 16).zip(source.par_chunks(1 << 16)).for_each(|(t, s)| t.copy_from_slice(s)));
+    let copy = best(5, || {
+        target.par_chunks_mut(1 << 16).zip(source.par_chunks(1 << 16)).for_each(|(t, s)| t.copy_from_slice(s))
+    });
     let read = best(5, || {
-        std::hint::black_box(source.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &x| a ^ x)).reduce(|| 0, |a, b| a ^ b));
+        std::hint::black_box(
+            source.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &x| a ^ x)).reduce(|| 0, |a, b| a ^ b),
+        );
     });
     let copy_gbs = 2.0 * (n * 8) as f64 / copy / 1e9;
     let read_gbs = (n * 8) as f64 / read / 1e9;
@@ -46,10 +50,14 @@ fn main() {
     {
         let blocks_per = context / block;
         let value = |i: usize| bf16::from_f32((i % 17) as f32 / 17.0 - 0.5);
-        let k_cache = Array4::from_shape_fn((batch * blocks_per, block, kv_heads, d), |(b, s, h, e)| value(b * 7 + s * 3 + h + e));
-        let v_cache = Array4::from_shape_fn((batch * blocks_per, block, kv_heads, d), |(b, s, h, e)| value(b + s * 5 + h + e));
+        let k_cache = Array4::from_shape_fn((batch * blocks_per, block, kv_heads, d), |(b, s, h, e)| {
+            value(b * 7 + s * 3 + h + e)
+        });
+        let v_cache =
+            Array4::from_shape_fn((batch * blocks_per, block, kv_heads, d), |(b, s, h, e)| value(b + s * 5 + h + e));
         // Blocks of each sequence scattered over the cache, as an allocator leaves them.
-        let table = Array2::from_shape_fn((batch, blocks_per), |(b, e)| ((e * batch + b) % (batch * blocks_per)) as i32);
+        let table =
+            Array2::from_shape_fn((batch, blocks_per), |(b, e)| ((e * batch + b) % (batch * blocks_per)) as i32);
         let q = Array3::from_shape_fn((batch, heads, d), |(t, h, e)| value(t + h * 5 + e));
         let cu_q: Vec<i32> = (0..=batch as i32).collect();
         let cu_k: Vec<i32> = (0..=batch).map(|s| (s * context) as i32).collect();
