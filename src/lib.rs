@@ -232,9 +232,9 @@ pub(crate) fn execute<T: Element>(
     if let KeysValues::Packed(k, v) = &kv {
         match params.backend {
             Backend::Gpu => return gpu::forward(problem, q, k.view(), v.view(), out, lse),
-            // ALiBi and sinks run on the CPU only for now: no detour through a GPU that would
-            // refuse.
-            Backend::Auto if gpu::is_usable(T::DTYPE) && !problem.has_cpu_only_modifiers() => {
+            // ALiBi and sinks take the GPU when asked for (`Backend::Gpu`); `Auto` keeps them on
+            // the CPU until the GPU suite has run them on a device.
+            Backend::Auto if gpu::is_usable(T::DTYPE) && problem.modifiers() == (None, None) => {
                 match gpu::forward(
                     problem,
                     q.view(),

@@ -145,8 +145,8 @@ pub struct Params {
     /// ALiBi slopes, as FlashAttention-2 takes them: `num_heads` values, or `batch · num_heads`
     /// (sequence by sequence, then head). The score of query row `i` and key `j` of a sequence
     /// gets `-slope · |i + Lk - Lq - j|` (bottom-right aligned), after the scale and the
-    /// soft-cap; the LSE is that of the biased scores. Must be finite. The CPU computes it;
-    /// the GPU kernel does not take it yet (`Backend::Auto` then runs on the CPU).
+    /// soft-cap; the LSE is that of the biased scores. Must be finite. `Backend::Gpu` computes
+    /// it on the GPU (up to 256 slopes and sinks together); `Backend::Auto` on the CPU.
     ///
     /// ```
     /// use ndarray::Array3;
@@ -165,7 +165,7 @@ pub struct Params {
     /// Attention sinks: one logit per query head (`num_heads` values) that joins every row's
     /// softmax denominator and carries no value (gpt-oss's sinks, FlashAttention-3's
     /// `learnable_sink`): `out = Σ exp(s_j) v_j / (exp(sink) + Σ exp(s_j))`, and the LSE includes
-    /// it. Must be finite. CPU only for now, as `alibi_slopes`.
+    /// it. Must be finite. Where it runs: as `alibi_slopes`.
     pub sinks: Option<Vec<f32>>,
     /// Where the call runs.
     pub backend: Backend,

@@ -249,9 +249,9 @@ impl<'a> Problem<'a> {
         self.sinks.map(|s| s[head])
     }
 
-    /// Whether the call has score modifiers the GPU kernel does not take yet (ALiBi, sinks).
-    pub fn has_cpu_only_modifiers(&self) -> bool {
-        self.alibi_slopes.is_some() || self.sinks.is_some()
+    /// The validated ALiBi slopes (`num_heads` or `batch · num_heads`) and sinks (`num_heads`).
+    pub fn modifiers(&self) -> (Option<&'a [f32]>, Option<&'a [f32]>) {
+        (self.alibi_slopes, self.sinks)
     }
 
     /// The shape of the output, `[total_q, num_heads, head_dim_v]`.

@@ -156,12 +156,18 @@ fn bad_alibi_slopes_and_sinks() {
     let p = Params { alibi_slopes: Some(vec![1e38, 0.0]), ..Params::default() };
     let err = varlen_attn::forward(zeros.view(), zeros.view(), zeros.view(), &[0, 4], &[0, 4], &p).unwrap_err();
     assert!(matches!(err, Error::BeyondF32 { quantity, .. } if quantity.contains("slope")), "{err}");
-    // The GPU does not take them yet: a clear refusal, not a wrong answer.
-    let x = Array3::from_elem((4, 2, 8), half::bf16::ZERO);
-    let p = Params { sinks: Some(vec![0.0, 0.0]), backend: Backend::Gpu, ..Params::default() };
+    // The GPU carries at most 256 slopes and sinks together in its parameter block: beyond
+    // that, a clear refusal (checked before any device is opened), not a wrong answer.
+    let x = Array3::from_elem((4, 200, 8), half::bf16::ZERO);
+    let p = Params {
+        sinks: Some(vec![0.0; 200]),
+        alibi_slopes: Some(vec![0.1; 200]),
+        backend: Backend::Gpu,
+        ..Params::default()
+    };
     let err = varlen_attn::forward(x.view(), x.view(), x.view(), &[0, 4], &[0, 4], &p).unwrap_err();
     if cfg!(feature = "gpu") {
-        assert!(matches!(&err, Error::GpuUnsupported(why) if why.contains("sinks")), "{err}");
+        assert!(matches!(&err, Error::GpuUnsupported(why) if why.contains("400 ALiBi slopes and sinks")), "{err}");
     } else {
         assert_eq!(err, Error::GpuNotCompiled);
     }

@@ -544,3 +544,96 @@ fn a_captured_call_replays_with_new_device_seqlens() {
         check_against_oracle(&inputs, lengths, &params, got, got_lse);
     }
 }
+
+/// ALiBi (per head and per sequence, with the soft-cap, causal and windowed) and attention
+/// sinks on the GPU, against the oracle, output and LSE: a mixed batch with an empty key
+/// sequence (its rows' LSE is the sink), and the batches whose last wave splits its keys (the
+/// sink joins after the splits are combined).
+#[test]
+fn alibi_and_sinks_on_the_gpu_match_the_oracle() {
+    if device().is_none() {
+        return;
+    }
+    let mut rng = common::Rng::new(23);
+    let heads = 8;
+    let slopes: Vec<f32> = (0..heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32)).collect();
+    let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.75 - 3.0).collect();
+    let batches: [(&[usize], &[usize], usize); 4] = [
+        (&[300, 77, 5, 1000], &[300, 0, 40, 1000], 72),
+        (&[1200, 700, 300, 1], &[1200, 700, 300, 1], 80),
+        (&[2400, 700, 300, 1], &[2400, 700, 300, 1], 72),
+        (&[64; 20], &[64; 20], 128),
+    ];
+    for (q_lengths, k_lengths, head_dim) in batches {
+        let per_sequence: Vec<f32> =
+            (0..q_lengths.len() * heads).map(|i| 0.01 + 0.2 * ((i * 7) % 11) as f32 / 11.0).collect();
+        let cases = [
+            Params { alibi_slopes: Some(slopes.clone()), ..Params::default() },
+            Params { alibi_slopes: Some(per_sequence), causal: true, ..Params::default() },
+            Params {
+                alibi_slopes: Some(slopes.clone()),
+                softcap: Some(15.0),
+                window_left: Some(200),
+                ..Params::default()
+            },
+            Params { sinks: Some(sinks.clone()), ..Params::default() },
+            Params {
+                sinks: Some(sinks.clone()),
+                alibi_slopes: Some(slopes.clone()),
+                causal: true,
+                ..Params::default()
+            },
+        ];
+        let (tq, tk) = (q_lengths.iter().sum(), k_lengths.iter().sum());
+        let q = uniform::<bf16>(&mut rng, (tq, heads, head_dim), 2.0);
+        let k = uniform::<bf16>(&mut rng, (tk, 2, head_dim), 2.0);
+        let v = uniform::<bf16>(&mut rng, (tk, 2, head_dim), 2.0);
+        for p in &cases {
+            check_paths(&GPU, &q, &k, &v, q_lengths, k_lengths, p).unwrap();
+        }
+        let (q, k, v) = (
+            q.mapv(|x| f16::from_f32(x.to_f32())),
+            k.mapv(|x| f16::from_f32(x.to_f32())),
+            v.mapv(|x| f16::from_f32(x.to_f32())),
+        );
+        check_paths(&GPU, &q, &k, &v, q_lengths, k_lengths, &cases[4]).unwrap();
+    }
+}
+
+/// ALiBi and sinks with cu_seqlens on the device, and replayed from a CUDA graph: the same bits
+/// as the host-planned call.
+#[test]
+fn alibi_and_sinks_with_device_seqlens_and_graphs() {
+    let Some(device) = device() else { return };
+    let lengths = vec![720, 64, 1, 300];
+    let (inputs, cu) = packed_batch(&lengths, 29);
+    let uploaded = inputs.clone().map(|a| device.upload(a.as_slice().unwrap()).unwrap());
+    let cu_device = device.upload(&cu).unwrap();
+    let tokens = inputs[0].dim().0;
+    let params = Params {
+        alibi_slopes: Some((0..16).map(|h| 0.5f32.powi(h / 2 + 1)).collect()),
+        sinks: Some((0..16).map(|h| h as f32 / 4.0 - 2.0).collect()),
+        causal: true,
+        ..Params::default()
+    };
+    let mut out = device.zeros::<bf16>(inputs[0].len()).unwrap();
+    let mut lse = device.zeros::<f32>(tokens * 16).unwrap();
+    run_device_seqlens(&device, &uploaded, &cu_device, &params, &mut out, &mut lse).unwrap();
+    device.check_seqlens().unwrap();
+    let (out_device, lse_device) = (device.download(&out).unwrap(), device.download(&lse).unwrap());
+    check_against_oracle(&inputs, &cu, &params, out_device.clone(), lse_device.clone());
+    let host = Params { backend: Backend::Gpu, ..params.clone() };
+    let [q, k, v] = &inputs;
+    let (host_out, host_lse) = varlen_attn::forward_with_lse(q.view(), k.view(), v.view(), &cu, &cu, &host).unwrap();
+    assert_same_bits(&out_device, host_out.as_slice().unwrap(), "device cu_seqlens against the host's: outputs");
+    assert_same_bits(&lse_device, host_lse.as_slice().unwrap(), "device cu_seqlens against the host's: LSEs");
+
+    let mut replayed = device.zeros::<bf16>(inputs[0].len()).unwrap();
+    let mut replayed_lse = device.zeros::<f32>(tokens * 16).unwrap();
+    let graph = device
+        .capture(&mut || run_device_seqlens(&device, &uploaded, &cu_device, &params, &mut replayed, &mut replayed_lse))
+        .unwrap();
+    graph.replay().unwrap();
+    device.synchronize().unwrap();
+    assert_same_bits(&device.download(&replayed).unwrap(), &out_device, "graph replay: outputs");
+}

@@ -50,8 +50,8 @@ pub fn forward_device<T: Element>(
     out: DeviceTensorMut<T>,
     lse: Option<&mut DeviceBuffer<f32>>,
 ) -> Result<(), Error> {
-    refuse_cpu_only_modifiers(params)?;
     let problem = Problem::new(q.shape, k.shape, v.shape, cu_seqlens_q, cu_seqlens_k, params)?;
+    check_modifiers(&problem)?;
     check_outputs(&problem, &out, lse.as_deref())?;
     device.run(&problem, &q, &k, &v, out, lse)
 }
@@ -108,28 +108,33 @@ pub fn forward_device_seqlens<T: Element>(
     if q_len < 2 {
         return Err(Error::CuSeqlensTooShort { arg: "cu_seqlens_q", len: q_len });
     }
-    refuse_cpu_only_modifiers(params)?;
     // The host validates the call as one sequence of all the tokens: shapes, heads, parameters.
     let tokens =
         |n: usize| i32::try_from(n).map_err(|_| Error::GpuUnsupported(format!("{n} tokens: cu_seqlens are i32")));
     let whole_q = [0, tokens(q.shape[0])?];
     let whole_k = [0, tokens(k.shape[0])?];
     let problem = Problem::new(q.shape, k.shape, v.shape, &whole_q, &whole_k, params)?;
+    check_modifiers(&problem)?;
     check_outputs(&problem, &out, lse.as_deref())?;
     device.run_with_device_seqlens(&problem, [cu_seqlens_q, cu_seqlens_k], &q, &k, &v, out, lse)
 }
 
-/// The GPU kernel does not take ALiBi slopes or attention sinks yet.
-fn refuse_cpu_only_modifiers(params: &Params) -> Result<(), Error> {
-    if params.alibi_slopes.is_some() || params.sinks.is_some() {
-        return Err(cpu_only_modifiers());
+/// Room for ALiBi's coefficients and the attention sinks in the kernel's parameter block (so
+/// that they need no copy, in CUDA graphs too). Must match `VA_INLINE_MODIFIERS`.
+pub(crate) const MODIFIERS: usize = 256;
+
+/// The kernel carries ALiBi slopes and sinks in its parameter block: at most [`MODIFIERS`] of
+/// them together.
+pub(crate) fn check_modifiers(problem: &Problem) -> Result<(), Error> {
+    let (slopes, sinks) = problem.modifiers();
+    let count = slopes.map_or(0, <[f32]>::len) + sinks.map_or(0, <[f32]>::len);
+    if count > MODIFIERS {
+        return Err(Error::GpuUnsupported(format!(
+            "{count} ALiBi slopes and sinks together: the kernel's parameter block holds {} (Backend::Cpu or Auto runs them)",
+            MODIFIERS
+        )));
     }
     Ok(())
-}
-
-/// The error of calls with ALiBi slopes or attention sinks on the GPU.
-pub(crate) fn cpu_only_modifiers() -> Error {
-    Error::GpuUnsupported("ALiBi slopes and attention sinks run on the CPU only for now".into())
 }
 
 /// Checks that `out` has the problem's output shape and that `lse`, if given, holds

@@ -20,9 +20,7 @@ pub(crate) fn forward<T: Element>(
     if T::DTYPE == DType::F32 {
         return Err(f32_unsupported());
     }
-    if problem.has_cpu_only_modifiers() {
-        return Err(super::call::cpu_only_modifiers());
-    }
+    super::call::check_modifiers(problem)?;
     problem.check_values_for_tiled_kernels(v.view())?;
     let device = default_device()?;
     let pad = |d: usize| d.next_multiple_of(8);

@@ -39,6 +39,9 @@ fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
         // The soft-cap code, compiled in only for calls that use it.
         all.push(Variant { softcap: true, ..Variant::new(72, 72, false, target) });
         all.push(Variant { softcap: true, ..Variant::new(128, 128, true, target) });
+        // ALiBi's bias, likewise (with and without the soft-cap).
+        all.push(Variant { alibi: true, ..Variant::new(72, 72, false, target) });
+        all.push(Variant { alibi: true, softcap: true, ..Variant::new(128, 128, true, target) });
         // Hopper's 64-row tiles for small problems.
         if target == Target::Wgmma {
             for (d, dv, f16) in [(72, 72, false), (128, 128, true), (256, 256, false), (33, 65, false)] {

@@ -33,6 +33,8 @@ extern "C" __global__ void __launch_bounds__(VA_MERGE_THREADS) va_attention_merg
     }
     const bool seen = total > 0.0f;
     const int token = tile.q_start + row;
-    p.out[(va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride + col] = va_from_float(seen ? acc / total : 0.0f);
-    if (col == 0 && p.lse) p.lse[(va_i64)tile.head * p.total_q + token] = seen ? max_lse + logf(total) : VA_NEG_INF;
+    float lse = seen ? max_lse + logf(total) : VA_NEG_INF;
+    const float keep = va_join_sink(p, tile.head, lse);
+    p.out[(va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride + col] = va_from_float(seen ? acc / total * keep : 0.0f);
+    if (col == 0 && p.lse) p.lse[(va_i64)tile.head * p.total_q + token] = lse;
 }

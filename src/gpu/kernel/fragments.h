@@ -16,7 +16,8 @@ VA_DEVICE VaRows va_rows(int first_row, int g) {
     return VaRows{{first_row + g, first_row + g + 8}, {VA_NEG_INF, VA_NEG_INF}, {0.0f, 0.0f}};
 }
 
-// One key tile of the online softmax: soft-cap (in base-2 units), masked keys to -inf where
+// One key tile of the online softmax: soft-cap (in base-2 units), ALiBi's bias, masked keys to
+// -inf where
 // `masked` (this thread's first column holds key `key0`; keys below `key_floor` repeat the tile
 // before's, as in a last tile loaded flush with the sequence's end), the new row maxima, and
 // then `s` becomes the probabilities exp2(s · factor - max · factor) (one FMA and one ex2 each)
@@ -38,6 +39,16 @@ VA_DEVICE void va_softmax_fragment(const VaParams& p, const VaTile& tile, float 
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[n][e] = va_softcap_score(p, s[n][e]);
     }
+#if VA_ALIBI
+    if (tile.alibi != 0.0f) {
+        // ALiBi, in score units, before the mask (masked keys then become -inf whatever
+        // their bias).
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] -= tile.alibi * va_alibi_distance(tile, r.row[e / 2], key0 + n * 8 + (e % 2));
+    }
+#endif
     if (masked) {
         // Each row's visible range once, then two compares and a select per score.
         VaVisible visible[2] = {va_visible_keys(p, tile, r.row[0]), va_visible_keys(p, tile, r.row[1])};
@@ -264,6 +275,7 @@ VA_DEVICE void va_combine_splits(const VaParams& p, const VaTile& tile, const Va
         const bool seen = total[i] > 0.0f;
         lse[i] = seen ? top[i] + logf(total[i]) : VA_NEG_INF;
         scale[i] = seen ? 1.0f / total[i] : 0.0f;
+        scale[i] *= va_join_sink(p, tile.head, lse[i]);
     }
 }
 
@@ -316,6 +328,18 @@ VA_DEVICE void va_store_fragment(const VaParams& p, const VaTile& tile, const fl
         float combined[NO][4], scale[2], lse[2];
         va_combine_splits(p, tile, r, inside, t, own, own_lse, combined, scale, lse);
         va_write_rows(p, tile, combined, scale, r, inside, t);
+        va_write_lse(p, tile, r, inside, t, [&](int i) { return lse[i]; });
+        return;
+    }
+    if (p.sinks_count != 0) {
+        // The sink joins each row's denominator: the LSE first, then the output's factor.
+        float lse[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            lse[i] = va_row_lse(r, i, factor);
+            inv[i] *= va_join_sink(p, tile.head, lse[i]);
+        }
+        va_write_rows(p, tile, o, inv, r, inside, t);
         va_write_lse(p, tile, r, inside, t, [&](int i) { return lse[i]; });
         return;
     }

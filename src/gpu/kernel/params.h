@@ -8,7 +8,8 @@
 // re-reads Q's fragments from shared memory, for wide heads), VA_WGMMA (1: the Hopper tile),
 // VA_MIN_BLOCKS (blocks per multiprocessor the register budget must allow), VA_STAGES (Hopper:
 // shared-memory stages of K and V, 2 or 3), VA_Q_BUFFERS (Hopper: Q's buffers, 1 or 2),
-// VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one).
+// VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one),
+// VA_ALIBI (likewise for ALiBi's bias).
 
 #pragma once
 
@@ -35,6 +36,9 @@
 #endif
 #ifndef VA_MIN_BLOCKS
 #define VA_MIN_BLOCKS 1
+#endif
+#ifndef VA_ALIBI
+#define VA_ALIBI 1
 #endif
 #ifndef VA_SOFTCAP
 #define VA_SOFTCAP 1
@@ -73,6 +77,7 @@
 
 // Must match `KernelParams` in src/gpu/plan.rs field by field.
 #define VA_INLINE_METADATA 195
+#define VA_INLINE_MODIFIERS 256
 struct VaParams {
     const va_u16* q;
     const va_u16* k;
@@ -111,6 +116,10 @@ struct VaParams {
     // cu_seqlens on the host), else 0: a tile's sequence is then a division
     // (`va_tile_sequence`).
     int tiles_per_sequence;
+    // `modifiers` holds `alibi_count` ALiBi coefficients (0, heads, or batch · heads: sequence
+    // by sequence, then head), each the slope in score units per unit of distance (`score.h`),
+    // then `sinks_count` attention sinks (0 or heads), natural units.
+    int alibi_count, sinks_count;
     float scale_log2;        // softmax scale times log2(e) (no soft-cap)
     float softcap;           // 0: none
     float scale_over_softcap;
@@ -118,6 +127,7 @@ struct VaParams {
     // (batch + 1 each), so a call needs no copy to the device before its launch.
     int inline_metadata;
     int metadata[VA_INLINE_METADATA];
+    float modifiers[VA_INLINE_MODIFIERS];
 };
 
 // The host passes sizeof(KernelParams): a field added on one side only fails to compile.
@@ -161,6 +171,7 @@ struct VaTile {
     int j_begin, j_end; // key tiles [j_begin, j_end) of BLOCK_N keys
     int k_start;        // the sequence's first key token
     int kv_head;
+    float alibi;        // ALiBi's coefficient for this (sequence, head), 0 without ALiBi
 };
 
 // A split block's row of the partial outputs and LSEs, for row `row` of its sequence.

@@ -131,6 +131,7 @@ VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, const VaWork& work) 
     tile.q = va_query_rows(p, tile.q_start, head);
     tile.k = va_key_rows(p, k_start, kv_head);
     tile.v = va_value_rows(p, k_start, kv_head);
+    tile.alibi = va_alibi_coefficient(p, b, head);
 
     return tile;
 }

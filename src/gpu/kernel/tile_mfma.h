@@ -67,6 +67,10 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
                 // the max's rounding error; the NVIDIA tiles take this path only for huge logits).
                 x = va_logit(p, x);
                 const int row = m0 + wave * 16 + 4 * quad + i, key = j * VA_BLOCK_N + n * 16 + col;
+#if VA_ALIBI
+                // The coefficient is in score units: times the factor, base-2 units.
+                if (tile.alibi != 0.0f) x -= tile.alibi * va_score_factor(p) * va_alibi_distance(tile, row, key);
+#endif
                 x = va_key_visible(p, tile, row, key) ? x : VA_NEG_INF;
                 s[n][i] = x;
                 tile_max[i] = fmaxf(tile_max[i], x);
@@ -107,10 +111,12 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
         if (row >= lq) continue;
         const int token = tile.q_start + row;
         const bool seen = sum != 0.0f;
-        const float lse = seen ? row_max[i] * VA_LN2 + logf(sum) : VA_NEG_INF;
+        float lse = seen ? row_max[i] * VA_LN2 + logf(sum) : VA_NEG_INF;
+        // A split's partial rows leave the sink to the merge kernel.
+        const float keep = tile.slot < 0 ? va_join_sink(p, tile.head, lse) : 1.0f;
         for (int n = 0; n < NO; ++n) {
             const int c = n * 16 + col;
-            const float value = seen ? o[n][i] / sum : 0.0f;
+            const float value = seen ? o[n][i] / sum * keep : 0.0f;
             if (tile.slot < 0) {
                 if (c < p.head_dim_v) p.out[(va_i64)token * p.out_token_stride + (va_i64)tile.head * p.out_head_stride + c] = va_from_float(value);
             } else {

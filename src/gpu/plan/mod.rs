@@ -10,7 +10,7 @@ mod params;
 mod tiles;
 mod variant;
 
-pub(crate) use params::{KernelParams, INLINE_METADATA};
+pub(crate) use params::{KernelParams, INLINE_METADATA, MODIFIERS};
 pub(crate) use variant::{Target, Variant};
 
 use super::tensor_map::TensorMapShape;
@@ -95,6 +95,25 @@ pub(crate) struct Plan {
     window_right: i32,
     scale: f32,
     softcap: f32,
+    /// ALiBi's coefficients (score units per unit of distance), then the sinks: the parameter
+    /// block's `modifiers`.
+    modifiers: Vec<f32>,
+    alibi_count: usize,
+    sinks_count: usize,
+}
+
+/// ALiBi's slopes as the kernel applies them, in the units it keeps scores in (base-2 logits
+/// over `factor`: `scale · log2(e)`, or 1 with a soft-cap), each rounded once from f64; then
+/// the sinks as they are. Callers check the count against [`MODIFIERS`].
+fn modifiers(problem: &Problem) -> (Vec<f32>, usize, usize) {
+    let (slopes, sinks) = problem.modifiers();
+    let factor = if problem.softcap.is_some() { 1.0 } else { (problem.scale * core::f32::consts::LOG2_E) as f64 };
+    let mut values: Vec<f32> =
+        slopes.unwrap_or(&[]).iter().map(|&s| (s as f64 * core::f64::consts::LOG2_E / factor) as f32).collect();
+    let alibi_count = values.len();
+    values.extend_from_slice(sinks.unwrap_or(&[]));
+    let sinks_count = values.len() - alibi_count;
+    (values, alibi_count, sinks_count)
 }
 
 impl Plan {
@@ -130,6 +149,7 @@ impl Plan {
         let key_tokens = problem.total_k();
         let widest = (problem.total_q + key_tokens).min(i32::MAX as usize);
         let window = |w: Option<usize>| w.map_or(-1, |w| w.min(widest) as i32);
+        let (modifiers, alibi_count, sinks_count) = modifiers(problem);
         Plan {
             variant,
             schedule: Schedule::Host(metadata),
@@ -152,6 +172,9 @@ impl Plan {
             window_right: window(problem.mask.right),
             scale: problem.scale,
             softcap: problem.softcap.unwrap_or(0.0),
+            modifiers,
+            alibi_count,
+            sinks_count,
         }
     }
 
@@ -308,12 +331,16 @@ impl Plan {
             whole_pairs: (self.tiles * self.heads - self.split_pairs) as i32,
             splits: self.splits as i32,
             tiles_per_sequence: self.tiles_per_sequence as i32,
+            alibi_count: self.alibi_count as i32,
+            sinks_count: self.sinks_count as i32,
             scale_log2: self.scale * core::f32::consts::LOG2_E,
             softcap: self.softcap,
             scale_over_softcap: if self.softcap > 0.0 { self.scale / self.softcap } else { 0.0 },
             inline_metadata: 0,
             metadata: [0; INLINE_METADATA],
+            modifiers: [0.0; MODIFIERS],
         };
+        params.modifiers[..self.modifiers.len()].copy_from_slice(&self.modifiers);
         if let (true, Schedule::Host(metadata)) = (self.metadata_inline(), &self.schedule) {
             params.metadata[..metadata.len()].copy_from_slice(metadata);
             params.inline_metadata = 1;

@@ -38,14 +38,19 @@ pub(crate) struct KernelParams {
     pub whole_pairs: i32,
     pub splits: i32,
     pub tiles_per_sequence: i32,
+    pub alibi_count: i32,
+    pub sinks_count: i32,
     pub scale_log2: f32,
     pub softcap: f32,
     pub scale_over_softcap: f32,
     pub inline_metadata: i32,
     pub metadata: [i32; INLINE_METADATA],
+    pub modifiers: [f32; MODIFIERS],
 }
 
 /// Room for cu_seqlens_q, cu_seqlens_k and tile_start in the parameter block: batches of up to
 /// 64 sequences launch with no copy to the device first (3 × 65 entries). Must match
 /// `VA_INLINE_METADATA`.
 pub(crate) const INLINE_METADATA: usize = 195;
+
+pub(crate) use crate::gpu::call::MODIFIERS;

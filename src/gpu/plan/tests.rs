@@ -6,12 +6,13 @@ use crate::params::{default_params, Params};
 
 #[test]
 fn params_match_the_kernel_struct_layout() {
-    // 12 pointers, 8 strides, 17 four-byte fields and the 195-entry array (no padding: 1008
-    // bytes are a multiple of the 8-byte alignment), as C++ lays out VaParams; the kernel
-    // checks its own size against this one (`VA_PARAMS_BYTES`).
-    assert_eq!(core::mem::size_of::<KernelParams>(), 96 + 64 + 4 * (17 + INLINE_METADATA));
+    // 12 pointers, 8 strides, 19 four-byte fields, the 195-entry metadata and the 256-entry
+    // modifiers (no padding: 2040 bytes are a multiple of the 8-byte alignment), as C++ lays
+    // out VaParams; the kernel checks its own size against this one (`VA_PARAMS_BYTES`).
+    let bytes = 96 + 64 + 4 * (19 + INLINE_METADATA + MODIFIERS);
+    assert_eq!((core::mem::size_of::<KernelParams>(), bytes), (bytes, 2040));
     let variant = Variant::new(72, 72, false, Target::Wgmma);
-    assert!(variant.defines().contains(&format!("-DVA_PARAMS_BYTES={}", 96 + 64 + 4 * (17 + INLINE_METADATA))));
+    assert!(variant.defines().contains(&format!("-DVA_PARAMS_BYTES={bytes}")));
     assert_eq!(core::mem::align_of::<KernelParams>(), 8);
 }
 
@@ -36,6 +37,32 @@ fn soft_cap_code_is_compiled_in_only_for_calls_with_a_cap() {
 }
 
 #[test]
+fn alibi_slopes_and_sinks_travel_in_the_parameter_block() {
+    let with = |params: &Params| plan_with(Target::Wgmma, 100, 4, params);
+    let plain = with(default_params()).params(None, None, None, None);
+    assert_eq!((plain.alibi_count, plain.sinks_count), (0, 0));
+    assert!(!with(default_params()).variant.defines().contains(&"-DVA_ALIBI=1".to_string()));
+    let p = Params {
+        alibi_slopes: Some(vec![0.5, 0.25, 0.125, 1.0]),
+        sinks: Some(vec![1.0, 2.0, 3.0, 4.0]),
+        ..Params::default()
+    };
+    let plan = with(&p);
+    assert!(plan.variant.defines().contains(&"-DVA_ALIBI=1".to_string()));
+    let k = plan.params(None, None, None, None);
+    assert_eq!((k.alibi_count, k.sinks_count), (4, 4));
+    // Coefficients in score units: slope · log2(e) / (scale · log2(e)) = slope / scale.
+    let scale = (1.0 / 72f64.sqrt()) as f32;
+    let factor = (scale * core::f32::consts::LOG2_E) as f64;
+    assert_eq!(k.modifiers[0], (0.5 * core::f64::consts::LOG2_E / factor) as f32);
+    assert!((k.modifiers[0] - 0.5 / scale).abs() < 1e-5);
+    assert_eq!(&k.modifiers[4..8], &[1.0, 2.0, 3.0, 4.0]);
+    // With a soft-cap the scores are base-2 logits already: slope · log2(e).
+    let capped = with(&Params { softcap: Some(10.0), ..p.clone() }).params(None, None, None, None);
+    assert_eq!(capped.modifiers[1], (0.25 * core::f64::consts::LOG2_E) as f32);
+}
+
+#[test]
 fn tiles_count_each_sequence_and_skip_empty_ones() {
     let cu_q = [0, 64, 64, 130];
     let cu_k = [0, 10, 20, 30];
@@ -57,6 +84,7 @@ fn tiles_count_each_sequence_and_skip_empty_ones() {
             stages: 2,
             q_buffers: 1,
             softcap: false,
+            alibi: false,
             // Three sequences whose keys all fit the L2 many times over.
             heads_inner: true,
             f16: false,

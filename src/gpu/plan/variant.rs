@@ -58,6 +58,8 @@ pub(crate) struct Variant {
     /// Whether the soft-cap code is compiled in (only for calls that ask for one: it is a
     /// sizeable share of the kernel's code, which small problems fetch cold).
     pub softcap: bool,
+    /// Whether ALiBi's bias is compiled in (likewise, only for calls with slopes).
+    pub alibi: bool,
     /// Whether the units of work walk each query tile's heads one after another, instead of
     /// each head's tiles (`tiles::heads_inner`).
     pub heads_inner: bool,
@@ -96,6 +98,7 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
+                    alibi: false,
                     heads_inner: false,
                     f16,
                     target,
@@ -125,6 +128,7 @@ impl Variant {
                     stages: 2,
                     q_buffers: 1,
                     softcap: false,
+                    alibi: false,
                     heads_inner: false,
                     f16,
                     target,
@@ -172,7 +176,11 @@ impl Variant {
     }
 
     pub fn for_problem(problem: &Problem, f16: bool, target: Target) -> Self {
-        Variant { softcap: problem.softcap.is_some(), ..Self::new(problem.head_dim, problem.head_dim_v, f16, target) }
+        Variant {
+            softcap: problem.softcap.is_some(),
+            alibi: problem.modifiers().0.is_some(),
+            ..Self::new(problem.head_dim, problem.head_dim_v, f16, target)
+        }
     }
 
     /// The `-D` definitions the kernel source expects.
@@ -188,6 +196,7 @@ impl Variant {
             format!("-DVA_STAGES={}", self.stages),
             format!("-DVA_Q_BUFFERS={}", self.q_buffers),
             format!("-DVA_SOFTCAP={}", u8::from(self.softcap)),
+            format!("-DVA_ALIBI={}", u8::from(self.alibi)),
             format!("-DVA_PARAMS_BYTES={}", core::mem::size_of::<KernelParams>()),
         ];
         if self.target == Target::Wgmma {
