@@ -144,7 +144,9 @@ pub enum Error {
     /// Finite inputs so large that the fast paths' f32 arithmetic could overflow: a bound on
     /// the scores (or base-2 logits) or on the `P·V` sums, or one of the factors `2·scale` and
     /// `scale / softcap`, reaches [`F32_EDGE`](crate::F32_EDGE) (`2^126`), e.g. f32 inputs near
-    /// `1e19` at head_dim 64. The oracle computes such inputs in f64.
+    /// `1e19` at head_dim 64. The oracle computes such inputs in f64. (Decode-shaped calls on
+    /// the CPU find K's and V's magnitudes while they stream them, and report this after
+    /// writing the output, whose values are then unspecified.)
     #[error(
         "inputs beyond f32's range: {quantity} = {value:e} reaches 2^126, where f32 scores or sums could overflow"
     )]

@@ -46,6 +46,26 @@ impl<'a, T> Rows<'a, T> {
     }
 }
 
+/// The `[heads, dims]` elements of one token from `ptr + offset`, as a view, when both strides
+/// are non-negative (else `None`: the caller reads row by row).
+///
+/// # Safety
+/// Those elements must belong to one view that `'a` borrows immutably.
+#[inline]
+unsafe fn token_at<'a, T>(
+    ptr: *const T,
+    offset: isize,
+    shape: [usize; 2],
+    strides: [isize; 2],
+) -> Option<ArrayView2<'a, T>> {
+    if strides[0] < 0 || strides[1] < 0 {
+        return None;
+    }
+    let strides = (strides[0] as usize, strides[1] as usize);
+    // SAFETY: per the caller; the strides are non-negative.
+    Some(unsafe { ArrayView2::from_shape_ptr((shape[0], shape[1]).strides(strides), ptr.offset(offset)) })
+}
+
 /// The `len` elements `stride` apart from `ptr + offset`, as a view.
 ///
 /// # Safety
@@ -153,6 +173,35 @@ pub(crate) enum KvRows<'a, T> {
     Packed(Rows<'a, T>),
     /// Key `j` of sequence `b` is slot `j % block_size` of block `block_table[b, j / block_size]`.
     Paged(PagedRows<'a, T>, BlockTable<'a>),
+}
+
+impl<'a, T> KvRows<'a, T> {
+    /// Key `j` of sequence `index` (whose first packed token is `first`), every kv head:
+    /// `[heads, dims]`, or `None` where a stride is negative.
+    #[inline]
+    pub fn token(&self, index: usize, first: usize, j: usize) -> Option<ArrayView2<'a, T>> {
+        match self {
+            KvRows::Packed(rows) => {
+                let token = first + j;
+                assert!(token < rows.shape[0], "token {token} outside {:?}", rows.shape);
+                let offset = token as isize * rows.strides[0];
+                let (shape, strides) = ([rows.shape[1], rows.shape[2]], [rows.strides[1], rows.strides[2]]);
+                // SAFETY: the token is inside the view (checked above); its heads and dims are
+                // the view's.
+                unsafe { token_at(rows.ptr, offset, shape, strides) }
+            }
+            KvRows::Paged(cache, table) => {
+                let size = cache.block_size();
+                let (block, slot) = (table.get(index, j / size) as usize, j % size);
+                assert!(block < cache.shape[0], "block {block} outside {:?}", cache.shape);
+                let offset = block as isize * cache.strides[0] + slot as isize * cache.strides[1];
+                let (shape, strides) = ([cache.shape[2], cache.shape[3]], [cache.strides[2], cache.strides[3]]);
+                // SAFETY: block and slot are inside the cache (checked above, slot by the
+                // modulo); its heads and dims are the view's.
+                unsafe { token_at(cache.ptr, offset, shape, strides) }
+            }
+        }
+    }
 }
 
 /// The key (or value) rows of one sequence and kv head. The one accessor the CPU packers read

@@ -218,7 +218,17 @@ pub(crate) fn execute<T: Element>(
     mut out: ArrayViewMut3<T>,
     mut lse: Option<ArrayViewMut2<f32>>,
 ) -> Result<(), Error> {
-    let magnitudes = problem.check_magnitudes(q.view(), &kv)?;
+    // ALiBi and sinks take the GPU when asked for (`Backend::Gpu`); `Auto` keeps them on the
+    // CPU until the GPU suite has run them on a device. Paged caches run on the CPU.
+    let packed = matches!(kv, KeysValues::Packed(..));
+    let gpu_first = packed
+        && match params.backend {
+            Backend::Gpu => true,
+            Backend::Auto => gpu::is_usable(T::DTYPE) && problem.modifiers() == (None, None),
+            _ => false,
+        };
+    // Where the CPU's streaming decode kernel will run, it checks K's and V's range itself.
+    let magnitudes = problem.check_magnitudes(q.view(), &kv, !gpu_first && cpu::streams(problem))?;
     let (k, v) = match &kv {
         KeysValues::Packed(k, v) => (KvRows::Packed(Rows::new(k)), KvRows::Packed(Rows::new(v))),
         KeysValues::Paged(k, v, table) => {
@@ -229,25 +239,13 @@ pub(crate) fn execute<T: Element>(
             (KvRows::Paged(PagedRows::new(k), table), KvRows::Paged(PagedRows::new(v), table))
         }
     };
-    if let KeysValues::Packed(k, v) = &kv {
-        match params.backend {
-            Backend::Gpu => return gpu::forward(problem, q, k.view(), v.view(), out, lse),
-            // ALiBi and sinks take the GPU when asked for (`Backend::Gpu`); `Auto` keeps them on
-            // the CPU until the GPU suite has run them on a device.
-            Backend::Auto if gpu::is_usable(T::DTYPE) && problem.modifiers() == (None, None) => {
-                match gpu::forward(
-                    problem,
-                    q.view(),
-                    k.view(),
-                    v.view(),
-                    out.view_mut(),
-                    lse.as_mut().map(|l| l.view_mut()),
-                ) {
-                    Ok(()) => return Ok(()),
-                    Err(e) => log::warn!("varlen-attn: GPU failed ({e}); running on the CPU instead"),
-                }
-            }
-            _ => {}
+    if let (true, KeysValues::Packed(k, v)) = (gpu_first, &kv) {
+        if params.backend == Backend::Gpu {
+            return gpu::forward(problem, q, k.view(), v.view(), out, lse);
+        }
+        match gpu::forward(problem, q.view(), k.view(), v.view(), out.view_mut(), lse.as_mut().map(|l| l.view_mut())) {
+            Ok(()) => return Ok(()),
+            Err(e) => log::warn!("varlen-attn: GPU failed ({e}); running on the CPU instead"),
         }
     }
     let io = cpu::Io { q: Rows::new(&q), k, v, out: RowsMut::new(&mut out), lse: lse.as_mut().map(LseMut::new) };

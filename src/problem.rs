@@ -313,7 +313,16 @@ impl<'a> Problem<'a> {
     /// Checks that the finite inputs stay inside f32's range in the fast paths' arithmetic
     /// (see [`F32_EDGE`]); non-finite values are left to their own semantics. Returns what the
     /// scan found out about the bf16 matrix instructions (see [`Magnitudes`]).
-    pub fn check_magnitudes<T: Element>(&self, q: ArrayView3<T>, kv: &KeysValues<T>) -> Result<Magnitudes, Error> {
+    ///
+    /// With `streamed` (a CPU kernel that reads every key and value once in f32, `cpu/decode.rs`),
+    /// only q is scanned here: the kernel finds K's and V's maxima as it streams them, and
+    /// [`Problem::check_streamed`] applies the same bounds to them afterwards.
+    pub fn check_magnitudes<T: Element>(
+        &self,
+        q: ArrayView3<T>,
+        kv: &KeysValues<T>,
+        streamed: bool,
+    ) -> Result<Magnitudes, Error> {
         // The factors applied to every score: scale · log2(e) to base-2 logits, or
         // scale / softcap inside the tanh.
         let scale = 2.0 * self.scale_exact;
@@ -348,26 +357,53 @@ impl<'a> Problem<'a> {
         let type_max = T::DTYPE.max_finite();
         let bf16 = T::DTYPE == crate::DType::BF16;
         if !bf16 && score_factor * type_max * type_max < F32_EDGE && longest_keys * type_max < F32_EDGE {
-            return Ok(Magnitudes { bf16_products_exact: true });
+            return Ok(Magnitudes { bf16_products_exact: true, streamed_edge: None });
         }
         let max_q = scan(q, 0.0).max;
+        if streamed {
+            // The streaming kernel computes in f32: no flush question.
+            return Ok(Magnitudes { bf16_products_exact: true, streamed_edge: Some(max_q) });
+        }
         let max_k = kv.scan(self, Half::Keys, 0.0).max;
-        let scores = score_factor * max_q * max_k;
+        self.check_scores(max_q, max_k)?;
+        let floor = if bf16 { BF16_PRODUCTS_V_FLOOR } else { 0.0 };
+        let values = kv.scan(self, Half::Values, floor);
+        self.check_sums(values.max)?;
+        // Every flushed term of a score is below 2^-126 times the larger of 1, |q_d| and |k_d|
+        // (a product, a partial sum, or a subnormal input times its partner).
+        let score_flush = self.scale_exact * self.head_dim as f64 * (2.0 + max_q + max_k) * F32_MIN_NORMAL;
+        Ok(Magnitudes {
+            bf16_products_exact: !values.below_floor && score_flush <= BF16_PRODUCTS_SCORE_FLUSH,
+            streamed_edge: None,
+        })
+    }
+
+    /// The bounds of [`Problem::check_magnitudes`] on K's and V's largest finite magnitudes,
+    /// found by a kernel that streamed them (`max_q` is what the earlier scan found of q).
+    pub fn check_streamed(&self, max_q: f64, max_k: f64, max_v: f64) -> Result<(), Error> {
+        self.check_scores(max_q, max_k)?;
+        self.check_sums(max_v)
+    }
+
+    /// The bound on every raw score and base-2 logit.
+    fn check_scores(&self, max_q: f64, max_k: f64) -> Result<(), Error> {
+        let scores = self.head_dim as f64 * (2.0 * self.scale_exact).max(1.0) * max_q * max_k;
         if scores >= F32_EDGE {
             return Err(Error::BeyondF32 {
                 quantity: "head_dim · max|q| · max|k| · max(1, 2·scale)", value: scores
             });
         }
-        let floor = if bf16 { BF16_PRODUCTS_V_FLOOR } else { 0.0 };
-        let values = kv.scan(self, Half::Values, floor);
-        let sums = longest_keys * values.max;
+        Ok(())
+    }
+
+    /// The bound on every f32 accumulator of `P·V`.
+    fn check_sums(&self, max_v: f64) -> Result<(), Error> {
+        let longest_keys = (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64;
+        let sums = longest_keys * max_v;
         if sums >= F32_EDGE {
             return Err(Error::BeyondF32 { quantity: "max|v| · the longest key sequence", value: sums });
         }
-        // Every flushed term of a score is below 2^-126 times the larger of 1, |q_d| and |k_d|
-        // (a product, a partial sum, or a subnormal input times its partner).
-        let score_flush = self.scale_exact * self.head_dim as f64 * (2.0 + max_q + max_k) * F32_MIN_NORMAL;
-        Ok(Magnitudes { bf16_products_exact: !values.below_floor && score_flush <= BF16_PRODUCTS_SCORE_FLUSH })
+        Ok(())
     }
 
     /// Checks that a kernel which multiplies whole key tiles (the GPU's) computes this problem
@@ -410,7 +446,7 @@ pub const F32_EDGE: f64 = 8.507_059_173_023_462e37;
 const _: () = assert!(F32_EDGE == (1u128 << 126) as f64);
 
 /// What [`Problem::check_magnitudes`] learnt besides the edge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Magnitudes {
     /// Whether hardware bf16 products (AVX-512 BF16's `vdpbf16ps`, AMX's `tdpbf16ps`) compute
     /// this problem within the oracle's bound. They treat subnormal inputs as zero and flush
@@ -418,6 +454,9 @@ pub(crate) struct Magnitudes {
     /// [`BF16_PRODUCTS_V_FLOOR`], or scores whose flushed terms a huge scale (or a huge partner
     /// of a subnormal input) magnifies past [`BF16_PRODUCTS_SCORE_FLUSH`], go to the f32 path.
     pub bf16_products_exact: bool,
+    /// `Some(max|q|)` where K's and V's bounds are left to the streaming kernel
+    /// ([`Problem::check_streamed`]).
+    pub streamed_edge: Option<f64>,
 }
 
 /// Nonzero `|v|` below this (`2^-96`) may lose products to the flush: a row's flushed

@@ -178,6 +178,10 @@ fn decode_with_every_feature() {
         check::<bf16>(&mut rng, &[1, 2, 1], &[2000, 700, 0], (8, 1), (64, 64), 16, params);
         check::<f32>(&mut rng, &[2, 1], &[1500, 33], (8, 2), (40, 24), 32, params);
         check::<f16>(&mut rng, &[1], &[3000], (8, 8), (128, 128), 256, params);
+        // Many kv heads of the widest head dim: the widened token is 32 x 256 values.
+        let widen = |x: &Option<Vec<f32>>| x.as_ref().map(|x| x.iter().cycle().take(32).copied().collect());
+        let wide = Params { alibi_slopes: widen(&params.alibi_slopes), sinks: widen(&params.sinks), ..params.clone() };
+        check::<bf16>(&mut rng, &[1, 1], &[300, 50], (32, 32), (256, 256), 16, &wide);
     }
 }
 
@@ -201,6 +205,35 @@ fn decode_keeps_masked_non_finite_values_out() {
         assert!(out.iter().all(|x| x.is_finite()), "{isa:?}");
         assert!(reference.compare(out.view()).worst.is_none(), "{isa:?}");
     }
+}
+
+/// The decode kernel checks K's and V's range as it streams them: beyond the edge of f32 it
+/// answers `Error::BeyondF32` as the scan does, inside it the oracle's answer; junk in slots no
+/// sequence reads neither refuses the call nor reaches the output.
+#[test]
+fn decode_checks_the_range_as_it_streams() {
+    let mut rng = Rng::new(9);
+    let (cu_q, cu_k) = (cu_seqlens(&[1, 1]), cu_seqlens(&[300, 40]));
+    let q = random_tensor::<bf16>(&mut rng, (2, 4, 64), 1e18);
+    let k = random_tensor::<bf16>(&mut rng, (340, 2, 64), 1.0);
+    let v = random_tensor::<bf16>(&mut rng, (340, 2, 64), 1.0);
+    let run = |k: &Array3<bf16>, v: &Array3<bf16>| {
+        let p = Params { backend: Backend::Cpu, ..Params::default() };
+        varlen_attn::forward(q.view(), k.view(), v.view(), &cu_q, &cu_k, &p)
+    };
+    let ok = run(&k, &v).unwrap();
+    let reference = oracle::reference(q.view(), k.view(), v.view(), &cu_q, &cu_k, &Params::default()).unwrap();
+    assert!(reference.compare(ok.view()).worst.is_none());
+    let mut big_k = k.clone();
+    big_k[[333, 1, 7]] = bf16::from_f32(1e25);
+    assert!(matches!(run(&big_k, &v), Err(Error::BeyondF32 { quantity, .. }) if quantity.contains("max|k|")));
+    let mut big_v = v.clone();
+    big_v[[12, 0, 0]] = bf16::MAX;
+    assert!(matches!(run(&k, &big_v), Err(Error::BeyondF32 { quantity, .. }) if quantity.contains("max|v|")));
+    // Paged, the same values in used slots, bf16::MAX in every unused one.
+    let paged = Paged::new(&mut rng, k.clone(), v.clone(), &cu_k, 16, 0, bf16::MAX);
+    let got = forward_paged(q.view(), &paged.kv(), &cu_q, &cu_k, &Params::default()).unwrap();
+    assert_eq!(got, ok);
 }
 
 /// A cache with K and V in one tensor `[2, num_blocks, block_size, H_kv, D]` (vLLM's layout),

@@ -18,7 +18,7 @@ use super::softmax::{self, RowState};
 use super::workspace::Carver;
 use super::{kv_cache, workspace, Io};
 use crate::element::Element;
-use crate::layout::SequenceRows;
+use crate::layout::{KvRows, SequenceRows};
 use crate::problem::{Problem, Sequence};
 use core::ops::Range;
 use pulp::{Simd, WithSimd};
@@ -53,8 +53,9 @@ fn panel_rows<S: Simd>(rows: usize) -> usize {
     rows.max(1).next_multiple_of(2 * S::F32_LANES)
 }
 
-/// Runs a decode-shaped problem with the f32 vector unit `simd`.
-pub(crate) fn run<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>) {
+/// Runs a decode-shaped problem with the f32 vector unit `simd`; returns the largest finite
+/// magnitudes of K and V it read (for `Problem::check_streamed`).
+pub(crate) fn run<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>) -> (f32, f32) {
     // Chunks: enough for every thread several times over, none under MIN_CHUNK keys.
     let threads = rayon::current_num_threads();
     let splits = (4 * threads).div_ceil(problem.batch().max(1));
@@ -62,9 +63,10 @@ pub(crate) fn run<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>) {
         let mut chunks = cell.take();
         chunks.clear();
         plan(problem, splits, &mut chunks);
-        run_chunks(simd, problem, io, &chunks);
+        let maxima = run_chunks(simd, problem, io, &chunks);
         cell.replace(chunks);
-    });
+        maxima
+    })
 }
 
 thread_local! {
@@ -92,13 +94,15 @@ fn plan(problem: &Problem, splits: usize, chunks: &mut Vec<Chunk>) {
     }
 }
 
-/// Runs the chunks, then combines each (sequence, kv head)'s.
-fn run_chunks<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>, chunks: &[Chunk]) {
+/// Runs the chunks, then combines each sequence's; returns K's and V's largest finite
+/// magnitudes.
+fn run_chunks<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>, chunks: &[Chunk]) -> (f32, f32) {
     let (dv, threads) = (problem.head_dim_v, rayon::current_num_threads());
     let panel = panel_rows::<S>(problem.num_heads * longest_queries(problem));
-    // Each chunk's partial rows: max and sum (base-2, relative to the max), then O unnormalised.
-    let stride = 2 * panel + panel * dv;
-    let lines = workspace_lines(panel, problem.head_dim, dv);
+    // Each chunk's partial rows: max and sum (base-2, relative to the max), then O unnormalised,
+    // then the largest finite |k| and |v| it read.
+    let stride = 2 * panel + panel * dv + 2;
+    let lines = workspace_lines(panel, problem.head_dim, dv, problem.num_kv_heads);
     let parallel = threads > 1 && chunks.len() > 1;
     kv_cache::with_cache(|cache| {
         let (partials, _, _) = cache.buffers::<f32>(chunks.len() * stride, 0);
@@ -123,13 +127,14 @@ fn run_chunks<S: Simd, T: Element>(simd: S, problem: &Problem, io: &Io<T>, chunk
             unsafe { combine(problem, io, &chunks[first], &partials[first * stride..last * stride], stride, panel) };
             first = last;
         }
-    });
+        partials.chunks(stride).fold((0f32, 0f32), |(k, v), p| (k.max(p[stride - 2]), v.max(p[stride - 1])))
+    })
 }
 
-/// Workspace of one chunk, in 64-byte lines: Q, a widened row, the scores, alpha, and each
-/// row's ALiBi slope and visible keys.
-fn workspace_lines(panel: usize, d: usize, dv: usize) -> usize {
-    let floats = panel * d + d.max(dv) + KEY_BLOCK * panel + 2 * panel;
+/// Workspace of one chunk, in 64-byte lines: Q, a widened token (every kv head), the scores,
+/// alpha, and each row's ALiBi slope and visible keys.
+fn workspace_lines(panel: usize, d: usize, dv: usize, kv_heads: usize) -> usize {
+    let floats = panel * d + kv_heads * d.max(dv) + KEY_BLOCK * panel + 2 * panel;
     (floats * 4).div_ceil(64) + (2 * panel * 8).div_ceil(64) + 8
 }
 
@@ -157,12 +162,15 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
         // are `group_rows · g..group_rows · (g + 1)`.
         let group_rows = problem.group_size() * lq;
         let (max, rest) = partial.split_at_mut(panel);
-        let (sum, o) = rest.split_at_mut(panel);
+        let (sum, rest) = rest.split_at_mut(panel);
+        let (o, maxima) = rest.split_at_mut(panel * dv);
+        let (mut max_k, mut max_v) = (0u32, 0u32);
         max.fill(f32::NEG_INFINITY);
         sum.fill(0.0);
         o.fill(0.0);
         let q = carver.take::<f32>(panel * d);
-        let row = carver.take::<f32>(d.max(dv));
+        // One key's (or value's) rows of every kv head, widened.
+        let row = carver.take::<f32>(kv_heads * d.max(dv));
         let scores = carver.take::<f32>(KEY_BLOCK * panel);
         let alpha = carver.take::<f32>(panel);
         let slopes = carver.take::<f32>(panel);
@@ -187,10 +195,11 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
             // Scores, as natural-unit logits, in the panel layout [key][row]; a key's rows of
             // every kv head one after another (adjacent in memory).
             for j in 0..width {
+                max_k = max_k.max(widen_token(&io.k, seq, block + j, kv_heads, d, row));
                 for g in 0..kv_heads {
-                    widen(&SequenceRows::new(&io.k, seq.index, seq.k_start, g), block + j, &mut row[..d]);
+                    let key = &row[g * d..(g + 1) * d];
                     for r in g * group_rows..(g + 1) * group_rows {
-                        let s = dot(simd, &q[r * d..(r + 1) * d], &row[..d]);
+                        let s = dot(simd, &q[r * d..(r + 1) * d], key);
                         let s = match softcap {
                             Some(cap) => cap * (s * (scale / cap)).tanh(),
                             None => s * scale,
@@ -215,28 +224,62 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
             }
             // O += P V, each row over the keys it sees (a masked key's 0 · inf would be NaN).
             for j in 0..width {
+                max_v = max_v.max(widen_token(&io.v, seq, block + j, kv_heads, dv, row));
                 for g in 0..kv_heads {
-                    widen(&SequenceRows::new(&io.v, seq.index, seq.k_start, g), block + j, &mut row[..dv]);
+                    let value = &row[g * dv..(g + 1) * dv];
                     for r in g * group_rows..(g + 1) * group_rows {
                         if sees(r, block + j) {
-                            axpy(simd, scores[j * panel + r], &row[..dv], &mut o[r * dv..(r + 1) * dv]);
+                            axpy(simd, scores[j * panel + r], value, &mut o[r * dv..(r + 1) * dv]);
                         }
                     }
                 }
             }
             block = end;
         }
+        maxima[0] = f32::from_bits(max_k);
+        maxima[1] = f32::from_bits(max_v);
     }
 }
 
-/// Key (or value) `j` widened to f32 into `dst`.
+/// Key (or value) `j` of `seq`, all `heads` kv heads, widened to f32 into `dst` (`dims` per head):
+/// one loop over a contiguous token (the usual layout), else head by head. Returns the largest
+/// finite magnitude among them, as f32 bits (an integer maximum of the bits with the sign
+/// cleared, infinities and NaNs left out, so that the loop vectorises).
 #[inline(always)]
-fn widen<T: Element>(rows: &SequenceRows<T>, j: usize, dst: &mut [f32]) {
-    let row = rows.row(j);
-    match row.as_slice() {
-        Some(s) => dst.iter_mut().zip(s).for_each(|(d, x)| *d = x.to_f32()),
-        None => dst.iter_mut().zip(row.iter()).for_each(|(d, x)| *d = x.to_f32()),
+fn widen_token<T: Element>(kv: &KvRows<T>, seq: Sequence, j: usize, heads: usize, dims: usize, dst: &mut [f32]) -> u32 {
+    let n = heads * dims;
+    match kv.token(seq.index, seq.k_start, j).as_ref().and_then(|t| t.as_slice()) {
+        Some(s) => dst[..n].iter_mut().zip(s).for_each(|(d, x)| *d = x.to_f32()),
+        None => {
+            for (g, dst) in dst.chunks_exact_mut(dims).take(heads).enumerate() {
+                let row = SequenceRows::new(kv, seq.index, seq.k_start, g).row(j);
+                dst.iter_mut().zip(row.iter()).for_each(|(d, x)| *d = x.to_f32());
+            }
+        }
     }
+    max_finite_bits(&dst[..n])
+}
+
+/// The largest finite `|x|` of `x` as f32 bits: lane-wise integer maxima of the bits with the
+/// sign cleared over fixed chunks (infinities and NaNs count as 0), which vectorise.
+#[inline(always)]
+fn max_finite_bits(x: &[f32]) -> u32 {
+    let finite = |v: f32| {
+        let bits = v.to_bits() & 0x7fff_ffff;
+        if bits < 0x7f80_0000 {
+            bits
+        } else {
+            0
+        }
+    };
+    let mut lanes = [0u32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for chunk in &mut chunks {
+        for i in 0..16 {
+            lanes[i] = lanes[i].max(finite(chunk[i]));
+        }
+    }
+    chunks.remainder().iter().fold(lanes.into_iter().max().unwrap_or(0), |m, &v| m.max(finite(v)))
 }
 
 /// `Σ a_i b_i` in f32.

@@ -121,7 +121,8 @@ pub(crate) fn forward<T: Element>(
     // Tiny problems skip AMX under `Auto`: configuring the tiles costs more than their work.
     let isa = resolved_isa::<T>(isa, work(problem) >= AMX_MIN_WORK);
     let unavailable = || Error::IsaUnavailable { isa: isa.name() };
-    match isa {
+    // `Some` where the streaming decode kernel ran: K's and V's largest magnitudes.
+    let streamed = match isa {
         CpuIsa::Auto => unreachable!("resolved above"),
         CpuIsa::Scalar => Portable { problem, io: &io }.with_simd(pulp::Scalar::new()),
         #[cfg(target_arch = "x86_64")]
@@ -147,8 +148,14 @@ pub(crate) fn forward<T: Element>(
                 _ if decode::applies(problem) || !magnitudes.bf16_products_exact => {
                     Portable { problem, io: &io }.with_simd(simd)
                 }
-                (CpuIsa::Amx, Some(kernel), _) => run(simd, kernel, problem, &io),
-                (_, _, Some(kernel)) => run(simd, kernel, problem, &io),
+                (CpuIsa::Amx, Some(kernel), _) => {
+                    run(simd, kernel, problem, &io);
+                    None
+                }
+                (_, _, Some(kernel)) => {
+                    run(simd, kernel, problem, &io);
+                    None
+                }
                 _ => unreachable!("every unavailable case returned above"),
             }
         }
@@ -160,8 +167,18 @@ pub(crate) fn forward<T: Element>(
         }
         #[cfg(not(target_arch = "aarch64"))]
         CpuIsa::Neon => return Err(unavailable()),
+    };
+    // The range check the scan left to the streaming kernel.
+    if let (Some(max_q), Some((max_k, max_v))) = (magnitudes.streamed_edge, streamed) {
+        problem.check_streamed(max_q, max_k as f64, max_v as f64)?;
     }
     Ok(())
+}
+
+/// Whether a call runs the streaming decode kernel (`decode.rs`), which checks K's and V's
+/// range as it reads them.
+pub(crate) fn streams(problem: &Problem) -> bool {
+    decode::applies(problem)
 }
 
 /// The portable kernel for whichever instruction set pulp dispatches to.
@@ -171,13 +188,15 @@ struct Portable<'a, 'io, T> {
 }
 
 impl<T: Element> WithSimd for Portable<'_, '_, T> {
-    type Output = ();
+    /// K's and V's largest finite magnitudes where the streaming decode kernel ran.
+    type Output = Option<(f32, f32)>;
     #[inline(always)]
-    fn with_simd<S: Simd>(self, simd: S) {
+    fn with_simd<S: Simd>(self, simd: S) -> Self::Output {
         if decode::applies(self.problem) {
-            decode::run(simd, self.problem, self.io);
+            Some(decode::run(simd, self.problem, self.io))
         } else {
             run(simd, FmaKernel::new(simd), self.problem, self.io);
+            None
         }
     }
 }
@@ -373,7 +392,7 @@ mod tests {
         let mut out_view = out.view_mut();
         let (k, v) = (KvRows::Packed(Rows::new(&kv)), KvRows::Packed(Rows::new(&vv)));
         let io = Io { q: Rows::new(&qv), k, v, out: RowsMut::new(&mut out_view), lse: None };
-        forward(&problem, io, isa, Magnitudes { bf16_products_exact: true }).unwrap();
+        forward(&problem, io, isa, Magnitudes { bf16_products_exact: true, streamed_edge: None }).unwrap();
         out
     }
 
@@ -397,7 +416,10 @@ mod tests {
         let cu = [0, 40, tokens as i32];
         let problem = Problem::new([tokens, 2, d], [tokens, 2, d], [tokens, 2, d], &cu, &cu, default_params()).unwrap();
         assert!(
-            problem.check_magnitudes(q.view(), &KeysValues::Packed(k.view(), v.view())).unwrap().bf16_products_exact
+            problem
+                .check_magnitudes(q.view(), &KeysValues::Packed(k.view(), v.view()), false)
+                .unwrap()
+                .bf16_products_exact
         );
         let reference = crate::oracle::reference(q.view(), k.view(), v.view(), &cu, &cu, default_params()).unwrap();
         for isa in [CpuIsa::Avx512Bf16, CpuIsa::Amx] {
@@ -417,7 +439,7 @@ mod tests {
         let below = v.mapv(|x| bf16::from_f64(x.to_f64() / 2.0));
         assert!(
             !problem
-                .check_magnitudes(q.view(), &KeysValues::Packed(k.view(), below.view()))
+                .check_magnitudes(q.view(), &KeysValues::Packed(k.view(), below.view()), false)
                 .unwrap()
                 .bf16_products_exact
         );
