@@ -21,7 +21,7 @@
 //! ```
 
 use crate::element::Element;
-use crate::{Backend, Params};
+use crate::{Backend, PagedKv, Params};
 use candle_core::{DType, Device, Storage, Tensor};
 use ndarray::{ArrayView3, ArrayViewMut2, ArrayViewMut3, ShapeBuilder};
 
@@ -227,6 +227,128 @@ pub fn flash_attn_varlen_cpu(
     };
     let prefix = |arg, t| prefix_sums(&cumulative(arg, t)?);
     run(q, k, v, prefix("seqlens_q", seqlens_q)?, prefix("seqlens_k", seqlens_k)?, &params, false).map(|(out, _)| out)
+}
+
+/// Paged K/V (mistral.rs's `flash_attn_varlen_paged_windowed` convention):
+/// [`flash_attn_varlen_windowed`] with `k_cache [num_blocks, block_size, num_kv_heads,
+/// head_dim]`, `v_cache` likewise, and `block_table [batch, max_blocks]` (u32, i64 or i32);
+/// each sequence's key count comes from `seqlens_k` (cumulative, `batch + 1` entries). Any block
+/// size; see [`crate::forward_paged`].
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// let cache = Tensor::ones((3, 16, 1, 8), candle_core::DType::BF16, &Device::Cpu)?;
+/// let q = Tensor::ones((2, 2, 8), candle_core::DType::BF16, &Device::Cpu)?;
+/// let table = Tensor::new(&[[2u32, 0], [1, 1]], &Device::Cpu)?;
+/// let (cu_q, cu_k) = (Tensor::new(&[0u32, 1, 2], &Device::Cpu)?, Tensor::new(&[0u32, 20, 36], &Device::Cpu)?);
+/// let out = varlen_attn::candle::flash_attn_varlen_paged_windowed(&q, &cache, &cache, &table, &cu_q, &cu_k, 1, 20, 0.35, None, Some(0))?;
+/// assert_eq!(out.dims(), &[2, 2, 8]);
+/// # Ok::<(), candle_core::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`flash_attn_varlen`], for caches that are not rank 4, and for block tables that are not
+/// rank-2 integers or whose entries a sequence reads name no block.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_paged_windowed(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_table: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: f32,
+    window_size_left: Option<usize>,
+    window_size_right: Option<usize>,
+) -> Result<Tensor> {
+    let _ = (max_seqlen_q, max_seqlen_k);
+    let params = Params {
+        softmax_scale: Some(softmax_scale),
+        window_left: window_size_left,
+        window_right: window_size_right,
+        ..cpu()
+    };
+    if block_table.rank() != 2 {
+        candle_core::bail!(
+            "varlen-attn: block_table must have rank 2 [batch, max_blocks], got shape {:?}",
+            block_table.dims()
+        );
+    }
+    let (rows, columns) = block_table.dims2()?;
+    let table = cumulative("block_table", &block_table.flatten_all()?)?;
+    let table = ndarray::Array2::from_shape_vec((rows, columns), table).expect("sized by its dims");
+    let (cu_q, cu_k) = (cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?);
+    for (arg, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] {
+        if !t.device().is_cpu() {
+            candle_core::bail!("varlen-attn: {arg} is on {:?}; this build runs CPU tensors only", t.device());
+        }
+        if t.dtype() != q.dtype() {
+            candle_core::bail!(
+                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
+                t.dtype(),
+                q.dtype()
+            );
+        }
+    }
+    match q.dtype() {
+        DType::BF16 => paged_typed::<half::bf16>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
+        DType::F16 => paged_typed::<half::f16>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
+        DType::F32 => paged_typed::<f32>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
+        other => candle_core::bail!("varlen-attn: q, k_cache and v_cache must be bf16, f16 or f32, got {other:?}"),
+    }
+}
+
+/// The paged call on CPU tensors of element type `T`, read in place.
+fn paged_typed<T: Element + candle_core::WithDType>(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    table: ndarray::ArrayView2<i32>,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    params: &Params,
+) -> Result<Tensor> {
+    let (q_storage, q_layout) = q.storage_and_layout();
+    let (k_storage, k_layout) = k_cache.storage_and_layout();
+    let (v_storage, v_layout) = v_cache.storage_and_layout();
+    let qv = view::<T>("q", &q_storage, q_layout)?;
+    let kv = PagedKv {
+        k_cache: view4::<T>("k_cache", &k_storage, k_layout)?,
+        v_cache: view4::<T>("v_cache", &v_storage, v_layout)?,
+        block_table: table,
+    };
+    let (total_q, heads) = (qv.dim().0, qv.dim().1);
+    let dv = kv.v_cache.dim().3;
+    let mut out = vec![T::default(); total_q * heads * dv];
+    let out_view = ArrayViewMut3::from_shape((total_q, heads, dv), &mut out[..]).expect("sized above");
+    crate::forward_paged_into(qv, &kv, cu_q, cu_k, params, out_view).map_err(error)?;
+    Tensor::from_vec(out, (total_q, heads, dv), &Device::Cpu)
+}
+
+/// A view of a rank-4 CPU tensor's storage, in place.
+fn view4<'a, T: Element + candle_core::WithDType>(
+    arg: &'static str,
+    storage: &'a Storage,
+    layout: &candle_core::Layout,
+) -> Result<ndarray::ArrayView4<'a, T>> {
+    let [a, b, c, d] = <[usize; 4]>::try_from(layout.dims()).map_err(|_| {
+        error(crate::Error::Rank {
+            arg,
+            expected: 4,
+            got: layout.dims().len(),
+            layout: "[num_blocks, block_size, num_kv_heads, head_dim]",
+        })
+    })?;
+    let [sa, sb, sc, sd] = <[usize; 4]>::try_from(layout.stride()).expect("one stride per dim");
+    let Storage::Cpu(cpu) = storage else {
+        candle_core::bail!("varlen-attn: {arg} is not on the CPU");
+    };
+    let all = cpu.as_slice::<T>()?;
+    let data = all.get(layout.start_offset()..).unwrap_or(&[]);
+    ndarray::ArrayView4::from_shape((a, b, c, d).strides((sa, sb, sc, sd)), data)
+        .map_err(|e| candle_core::Error::Msg(format!("varlen-attn: {arg}'s layout cannot be viewed in place ({e})")))
 }
 
 /// The defaults of every call here: the CPU path (see the module docs).

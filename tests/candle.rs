@@ -205,3 +205,105 @@ fn bad_tensors_give_candle_errors_naming_the_argument() {
     let m = message(flash_attn_varlen(&x, &x, &x, &cu, &cu, 6, 6, -1.0, false));
     assert!(m.contains("scale"), "{m}");
 }
+
+/// The paged entry point equals `forward_paged` bit for bit on a cache with shuffled blocks, a
+/// transposed (strided) cache view, and a causal window; bad block tables are candle errors
+/// naming the sequence and entry.
+#[test]
+fn paged_entry_point_equals_forward_paged() {
+    use varlen_attn::candle::flash_attn_varlen_paged_windowed;
+    let (blocks, block_size, kv_heads, d) = (6, 16, 2, 32);
+    let (cache, cache_t) = pair::<bf16>((blocks * block_size, kv_heads, d), 41);
+    let cache4 = cache.into_shape_with_order((blocks, block_size, kv_heads, d)).unwrap();
+    let cache_t = cache_t.reshape((blocks, block_size, kv_heads, d)).unwrap();
+    let (q, q_t) = pair::<bf16>((3, 4, d), 42);
+    let table = ndarray::Array2::from_shape_vec((2, 3), vec![4, 1, 5, 0, 2, 2]).unwrap();
+    let table_t = Tensor::new(&[[4u32, 1, 5], [0, 2, 2]], &Device::Cpu).unwrap();
+    let (cu_q, cu_k) = ([0, 1, 3], [0, 40, 70]);
+    let params =
+        cpu(Params { softmax_scale: Some(0.2), window_left: Some(20), window_right: Some(0), ..Params::default() });
+    let kv = varlen_attn::PagedKv { k_cache: cache4.view(), v_cache: cache4.view(), block_table: table.view() };
+    let expected = varlen_attn::forward_paged(q.view(), &kv, &cu_q, &cu_k, &params).unwrap();
+    let got = flash_attn_varlen_paged_windowed(
+        &q_t,
+        &cache_t,
+        &cache_t,
+        &table_t,
+        &u32s(&cu_q),
+        &u32s(&cu_k),
+        2,
+        40,
+        0.2,
+        Some(20),
+        Some(0),
+    )
+    .unwrap();
+    same(&got, &expected);
+    // A strided view of the cache: its heads axis swapped twice over a transposed copy.
+    let swapped = cache_t.transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap();
+    let got = flash_attn_varlen_paged_windowed(
+        &q_t,
+        &swapped,
+        &swapped,
+        &table_t,
+        &u32s(&cu_q),
+        &u32s(&cu_k),
+        2,
+        40,
+        0.2,
+        Some(20),
+        Some(0),
+    )
+    .unwrap();
+    same(&got, &expected);
+    let bad = Tensor::new(&[[4u32, 1, 5], [0, 9, 2]], &Device::Cpu).unwrap();
+    let m = flash_attn_varlen_paged_windowed(
+        &q_t,
+        &cache_t,
+        &cache_t,
+        &bad,
+        &u32s(&cu_q),
+        &u32s(&cu_k),
+        2,
+        40,
+        0.2,
+        None,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(m.contains("block_table[1, 1] = 9"), "{m}");
+    let flat = Tensor::new(&[4u32, 1, 5], &Device::Cpu).unwrap();
+    let m = flash_attn_varlen_paged_windowed(
+        &q_t,
+        &cache_t,
+        &cache_t,
+        &flat,
+        &u32s(&cu_q),
+        &u32s(&cu_k),
+        2,
+        40,
+        0.2,
+        None,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(m.contains("block_table must have rank 2"), "{m}");
+    let m = flash_attn_varlen_paged_windowed(
+        &q_t,
+        &q_t,
+        &q_t,
+        &table_t,
+        &u32s(&cu_q),
+        &u32s(&cu_k),
+        2,
+        40,
+        0.2,
+        None,
+        None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(m.contains("k_cache has rank 3, expected 4"), "{m}");
+}

@@ -88,7 +88,7 @@ pub fn check<T: Element>(
 /// `head_dim · max|q| · max|k| · max(1, 2·scale)`, `max|v| · (longest key sequence)`,
 /// `2·scale`, `scale / softcap`, `max|alibi slope| · (longest Lq + longest Lk)` or `max|sink|`
 /// reaches 2^126.
-fn beyond_f32_edge<T: Element>(
+pub fn beyond_f32_edge<T: Element>(
     q: ArrayView3<T>,
     k: ArrayView3<T>,
     v: ArrayView3<T>,

@@ -1,7 +1,8 @@
 //! Fuzzes every public entry point of the library (`forward`, `forward_with_lse`,
-//! `forward_into`, `forward_with_lse_into`, and the oracle they are checked against) with
-//! arbitrary shapes, strides, `cu_seqlens`, parameters and values. Each call must return the
-//! same error as the oracle, or a result within the oracle's tolerance; nothing may panic.
+//! `forward_into`, `forward_with_lse_into`, the paged `forward_paged*`, and the oracle they are
+//! checked against) with arbitrary shapes, strides, `cu_seqlens`, block tables, parameters and
+//! values. Each call must return the same error as the oracle, or a result within the oracle's
+//! tolerance; nothing may panic.
 
 #![no_main]
 
@@ -12,7 +13,7 @@ use arbitrary::{Result, Unstructured};
 use half::{bf16, f16};
 use libfuzzer_sys::fuzz_target;
 use ndarray::{s, Array3, ArrayView3};
-use varlen_attn::{Backend, CpuIsa, Element, Params};
+use varlen_attn::{oracle, Backend, CpuIsa, Element, Error, PagedKv, Params};
 
 /// The instruction sets to pick from.
 const ISAS: [CpuIsa; 6] = [CpuIsa::Auto, CpuIsa::Scalar, CpuIsa::Avx2, CpuIsa::Avx512, CpuIsa::Avx512Bf16, CpuIsa::Amx];
@@ -206,7 +207,107 @@ fn case<T: Element>(u: &mut Unstructured) -> Result<()> {
         ..Params::default()
     };
     let entry: u8 = u.int_in_range(0..=3)?;
+    if u.ratio(1, 4)? {
+        return paged(u, q.view(), k.view(), v.view(), &cu_q, &cu_k, &params, entry, mode != Values::Wild);
+    }
     let out_shape_error = entry >= 2 && u.ratio(1, 16)?;
     common::check(q.view(), k.view(), v.view(), &cu_q, &cu_k, &params, entry, out_shape_error, mode != Values::Wild);
+    Ok(())
+}
+
+/// The same keys and values in a paged cache: blocks of a drawn size in a shuffled order (some
+/// shared where two sequences' keys agree), junk (NaN, the type's largest value) in every slot
+/// no sequence reads, and now and then a broken block table (an entry out of range, too few
+/// columns or rows). Checked against the paged oracle.
+#[allow(clippy::too_many_arguments)]
+fn paged<T: Element>(
+    u: &mut Unstructured,
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    params: &Params,
+    entry: u8,
+    finite_normal: bool,
+) -> Result<()> {
+    let block_size = u.int_in_range(1..=20usize)?;
+    let valid = cu_k.len() >= 2
+        && cu_k[0] == 0
+        && cu_k.windows(2).all(|w| w[1] >= w[0])
+        && *cu_k.last().unwrap() as usize == k.dim().0
+        && k.dim().0 == v.dim().0
+        && k.dim().1 == v.dim().1;
+    let batch = cu_k.len().saturating_sub(1);
+    let lengths: Vec<usize> = if valid { cu_k.windows(2).map(|w| (w[1] - w[0]) as usize).collect() } else { vec![0; batch] };
+    let needed: Vec<usize> = lengths.iter().map(|l| l.div_ceil(block_size)).collect();
+    let blocks = needed.iter().sum::<usize>() + usize::from(u.arbitrary::<bool>()?);
+    let mut order: Vec<usize> = (0..blocks).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, u.int_in_range(0..=i)?);
+    }
+    let columns = needed.iter().copied().max().unwrap_or(0) + usize::from(u.arbitrary::<bool>()?);
+    let junk = if u.arbitrary()? { T::from_f32(f32::NAN) } else { T::from_f32(f32::MAX) };
+    let (_, kv_heads, d) = k.dim();
+    let dv = v.dim().2;
+    let mut k_cache = ndarray::Array4::from_elem((blocks, block_size, kv_heads, d), junk);
+    let mut v_cache = ndarray::Array4::from_elem((blocks, block_size, kv_heads, dv), junk);
+    let mut table = ndarray::Array2::from_elem((batch, columns), -1i32);
+    let mut next = order.into_iter();
+    for (b, &n) in needed.iter().enumerate() {
+        for e in 0..n {
+            let block = next.next().expect("sized");
+            table[[b, e]] = block as i32;
+            for slot in 0..block_size.min(lengths[b] - e * block_size) {
+                let token = cu_k[b] as usize + e * block_size + slot;
+                k_cache.slice_mut(s![block, slot, .., ..]).assign(&k.slice(s![token, .., ..]));
+                v_cache.slice_mut(s![block, slot, .., ..]).assign(&v.slice(s![token, .., ..]));
+            }
+        }
+    }
+    // Now and then, break the table.
+    let mut table = table;
+    if u.ratio(1, 8)? && table.len() > 0 {
+        let (b, e) = (u.choose_index(table.dim().0)?, u.choose_index(table.dim().1)?);
+        table[[b, e]] = *u.choose(&[-1, blocks as i32, i32::MAX, i32::MIN])?;
+    }
+    if u.ratio(1, 16)? && table.dim().1 > 0 {
+        table = table.slice(s![.., ..table.dim().1 - 1]).to_owned();
+    }
+    if u.ratio(1, 16)? {
+        table = table.slice(s![..batch.saturating_sub(1), ..]).to_owned();
+    }
+    let kv = PagedKv { k_cache: k_cache.view(), v_cache: v_cache.view(), block_table: table.view() };
+    let reference = oracle::reference_paged(q, &kv, cu_q, cu_k, params);
+    let result = match entry % 2 {
+        0 => varlen_attn::forward_paged(q, &kv, cu_q, cu_k, params).map(|o| (o, None)),
+        _ => varlen_attn::forward_paged_with_lse(q, &kv, cu_q, cu_k, params).map(|(o, l)| (o, Some(l))),
+    };
+    match (reference, result) {
+        (_, Err(e)) if common::fast_path_only(&e) => {}
+        (Err(expected), Err(got)) => assert_eq!(expected, got, "fast path and oracle disagree on the error"),
+        (Ok(_), Err(Error::BeyondF32 { .. })) => {
+            // The cache's used slots hold exactly the packed keys and values.
+            assert!(common::beyond_f32_edge(q, k, v, cu_q, cu_k, params), "paged: refused inputs inside f32's edge");
+        }
+        (Ok(_), Err(got)) => panic!("fast path refused what the oracle accepted: {got}"),
+        (Err(expected), Ok(_)) => panic!("fast path accepted what the oracle refused: {expected}"),
+        (Ok(mut reference), Ok((out, lse))) => {
+            if finite_normal {
+                assert!(!common::beyond_f32_edge(q, k, v, cu_q, cu_k, params), "paged: accepted inputs beyond f32's edge");
+                for (exact, got) in reference.out.iter_mut().zip(&out) {
+                    if !oracle::round_to::<T>(*exact).to_f32().is_finite() {
+                        *exact = got.to_f32() as f64;
+                    }
+                }
+                let report = reference.compare(out.view());
+                assert!(report.worst.is_none(), "paged: out of tolerance: {report}");
+                if let Some(lse) = lse {
+                    let report = reference.compare_lse(lse.view());
+                    assert!(report.worst.is_none(), "paged: LSE out of tolerance: {report}");
+                }
+            }
+        }
+    }
     Ok(())
 }
