@@ -188,6 +188,7 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
         }
         let sees = |r: usize, j: usize| (seen[r][0] as usize..seen[r][1] as usize).contains(&j);
         let (scale, softcap) = (problem.scale, problem.softcap);
+        let alibi = slopes[..rows].iter().any(|&s| s != 0.0);
         let mut block = chunk.keys.start;
         while block < chunk.keys.end {
             let end = (block + KEY_BLOCK).min(chunk.keys.end);
@@ -198,14 +199,24 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
                 max_k = max_k.max(widen_token(&io.k, seq, block + j, kv_heads, d, row));
                 for g in 0..kv_heads {
                     let key = &row[g * d..(g + 1) * d];
-                    for r in g * group_rows..(g + 1) * group_rows {
-                        let s = dot(simd, &q[r * d..(r + 1) * d], key);
-                        let s = match softcap {
-                            Some(cap) => cap * (s * (scale / cap)).tanh(),
-                            None => s * scale,
-                        };
-                        let distance = ((r % lq + lk) as i64 - lq as i64 - (block + j) as i64).unsigned_abs() as f32;
-                        scores[j * panel + r] = s - slopes[r] * distance;
+                    let rows = g * group_rows..(g + 1) * group_rows;
+                    // Up to four rows at a time share each load of the key.
+                    for first in rows.clone().step_by(4) {
+                        let n = (rows.end - first).min(4);
+                        let dots = dots(simd, &q[first * d..(first + n) * d], d, key);
+                        for (i, &s) in dots[..n].iter().enumerate() {
+                            let r = first + i;
+                            let s = match softcap {
+                                Some(cap) => cap * (s * (scale / cap)).tanh(),
+                                None => s * scale,
+                            };
+                            scores[j * panel + r] = if alibi {
+                                let distance = ((r % lq + lk) as i64 - lq as i64 - (block + j) as i64).unsigned_abs();
+                                s - slopes[r] * distance as f32
+                            } else {
+                                s
+                            };
+                        }
                     }
                 }
             }
@@ -227,9 +238,21 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
                 max_v = max_v.max(widen_token(&io.v, seq, block + j, kv_heads, dv, row));
                 for g in 0..kv_heads {
                     let value = &row[g * dv..(g + 1) * dv];
-                    for r in g * group_rows..(g + 1) * group_rows {
-                        if sees(r, block + j) {
-                            axpy(simd, scores[j * panel + r], value, &mut o[r * dv..(r + 1) * dv]);
+                    let rows = g * group_rows..(g + 1) * group_rows;
+                    for first in rows.clone().step_by(4) {
+                        let n = (rows.end - first).min(4);
+                        let o = &mut o[first * dv..(first + n) * dv];
+                        if (first..first + n).all(|r| sees(r, block + j)) {
+                            // Each vector of the value loaded once for the rows.
+                            let weights: [f32; 4] =
+                                core::array::from_fn(|i| if i < n { scores[j * panel + first + i] } else { 0.0 });
+                            axpys(simd, &weights[..n], value, o);
+                        } else {
+                            for (i, o) in o.chunks_exact_mut(dv).enumerate() {
+                                if sees(first + i, block + j) {
+                                    axpy(simd, scores[j * panel + first + i], value, o);
+                                }
+                            }
                         }
                     }
                 }
@@ -282,18 +305,34 @@ fn max_finite_bits(x: &[f32]) -> u32 {
     chunks.remainder().iter().fold(lanes.into_iter().max().unwrap_or(0), |m, &v| m.max(finite(v)))
 }
 
-/// `Σ a_i b_i` in f32.
+/// The dot products of `key` with the rows of `q` (`d` values each, at most four rows), in f32.
 #[inline(always)]
-fn dot<S: Simd>(simd: S, a: &[f32], b: &[f32]) -> f32 {
-    let (a_head, a_tail) = S::as_simd_f32s(a);
-    let (b_head, b_tail) = S::as_simd_f32s(b);
-    let mut acc = [simd.splat_f32s(0.0); 2];
-    let mut pairs = a_head.iter().zip(b_head);
-    for (i, (&x, &y)) in (&mut pairs).enumerate() {
-        acc[i % 2] = simd.mul_add_f32s(x, y, acc[i % 2]);
+fn dots<S: Simd>(simd: S, q: &[f32], d: usize, key: &[f32]) -> [f32; 4] {
+    match q.len() / d {
+        4 => dots_n::<S, 4>(simd, q, d, key),
+        3 => dots_n::<S, 3>(simd, q, d, key),
+        2 => dots_n::<S, 2>(simd, q, d, key),
+        _ => dots_n::<S, 1>(simd, q, d, key),
     }
-    let tail: f32 = a_tail.iter().zip(b_tail).map(|(x, y)| x * y).sum();
-    simd.reduce_sum_f32s(simd.add_f32s(acc[0], acc[1])) + tail
+}
+
+/// [`dots`] for `N` rows: each vector of the key loaded once for all of them, two chains per row.
+#[inline(always)]
+fn dots_n<S: Simd, const N: usize>(simd: S, q: &[f32], d: usize, key: &[f32]) -> [f32; 4] {
+    let (k_head, k_tail) = S::as_simd_f32s(key);
+    let rows: [(&[S::f32s], &[f32]); N] = core::array::from_fn(|r| S::as_simd_f32s(&q[r * d..(r + 1) * d]));
+    let mut acc = [[simd.splat_f32s(0.0); 2]; N];
+    for (i, &k) in k_head.iter().enumerate() {
+        for r in 0..N {
+            acc[r][i % 2] = simd.mul_add_f32s(rows[r].0[i], k, acc[r][i % 2]);
+        }
+    }
+    let mut out = [0f32; 4];
+    for r in 0..N {
+        let tail: f32 = rows[r].1.iter().zip(k_tail).map(|(x, y)| x * y).sum();
+        out[r] = simd.reduce_sum_f32s(simd.add_f32s(acc[r][0], acc[r][1])) + tail;
+    }
+    out
 }
 
 /// `y += a x` in f32.
@@ -307,6 +346,44 @@ fn axpy<S: Simd>(simd: S, a: f32, x: &[f32], y: &mut [f32]) {
     }
     for (yv, &xv) in y_tail.iter_mut().zip(x_tail) {
         *yv += a * xv;
+    }
+}
+
+/// `y_r += a_r x` for the rows `y_r` of `y` (`x.len()` values each, at most four rows).
+#[inline(always)]
+fn axpys<S: Simd>(simd: S, a: &[f32], x: &[f32], y: &mut [f32]) {
+    match a.len() {
+        4 => axpys_n::<S, 4>(simd, a, x, y),
+        3 => axpys_n::<S, 3>(simd, a, x, y),
+        2 => axpys_n::<S, 2>(simd, a, x, y),
+        _ => axpy(simd, a[0], x, y),
+    }
+}
+
+/// [`axpys`] for `N` rows.
+#[inline(always)]
+fn axpys_n<S: Simd, const N: usize>(simd: S, a: &[f32], x: &[f32], y: &mut [f32]) {
+    let n = x.len();
+    let (x_head, x_tail) = S::as_simd_f32s(x);
+    let av: [S::f32s; N] = core::array::from_fn(|r| simd.splat_f32s(a[r]));
+    let rows: [&mut [f32]; N] = {
+        let mut rest = y;
+        core::array::from_fn(|_| {
+            let (row, tail) = core::mem::take(&mut rest).split_at_mut(n);
+            rest = tail;
+            row
+        })
+    };
+    let ys = rows.map(|row| S::as_mut_simd_f32s(row));
+    for (i, &xv) in x_head.iter().enumerate() {
+        for r in 0..N {
+            ys[r].0[i] = simd.mul_add_f32s(av[r], xv, ys[r].0[i]);
+        }
+    }
+    for r in 0..N {
+        for (yv, &xv) in ys[r].1.iter_mut().zip(x_tail) {
+            *yv += a[r] * xv;
+        }
     }
 }
 
