@@ -9,7 +9,9 @@
 //!   their bf16 packing;
 //! - `driver.rs`: the blocked loop of one work item; `kv_cache.rs` K/V packed once per call;
 //!   `workspace.rs` each thread's scratch;
-//! - `score.rs`: raw scores to logits (scale, soft-cap), for every path;
+//! - `decode.rs`: calls of few query rows per kv head (decode), which stream K and V once
+//!   instead of packing them, on the instruction set's f32 vector unit;
+//! - `score.rs`: raw scores to logits (scale, soft-cap, ALiBi), for every path;
 //! - `softmax.rs` (f32) and `softmax_bf16.rs` (fused, bf16 probabilities) the online softmax,
 //!   `math.rs` its `exp2` and `tanh`, `vector.rs` unaligned vector loads and stores;
 
