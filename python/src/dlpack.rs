@@ -255,6 +255,12 @@ impl<'py> Tensor<'py> {
     /// A read-only view of `T` elements (the dtype checked by the caller).
     pub fn view<T, D: Dimension>(&self) -> ArrayView<'_, T, D> {
         debug_assert_eq!(core::mem::size_of::<T>(), self.dtype.size());
+        if self.shape.contains(&0) {
+            // No element: producers may give any pointer (null included), which a view must
+            // not hold.
+            let view = ArrayView::from_shape(IxDyn(&self.shape), &[][..]).expect("zero elements");
+            return view.into_dimensionality::<D>().expect("rank checked by the caller");
+        }
         let (ptr, strides, flipped) = self.layout();
         let shape = IxDyn(&self.shape);
         let strides = IxDyn(&strides);
@@ -278,6 +284,10 @@ impl<'py> Tensor<'py> {
                 "{} has elements that share memory (strides {:?}): it cannot be written",
                 self.name, self.strides
             )));
+        }
+        if self.shape.contains(&0) {
+            let view = ArrayViewMut::from_shape(IxDyn(&self.shape), &mut [][..]).expect("zero elements");
+            return Ok(view.into_dimensionality::<D>().expect("rank checked by the caller"));
         }
         let (ptr, strides, flipped) = self.layout();
         let shape = IxDyn(&self.shape);

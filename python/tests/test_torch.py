@@ -100,3 +100,54 @@ def test_cuda_tensors_get_a_clear_error():
     cu = torch.tensor([0, 4], dtype=torch.int32)
     with pytest.raises(ValueError, match="CUDA"):
         flash_attn_varlen_func(x, x, x, cu, cu, 4, 4)
+
+
+def test_empty_tensors_are_read_as_empty():
+    """Producers may lend empty tensors with any data pointer (null included): an empty
+    cu_seqlens is an error, empty q, k and v a valid empty call."""
+    q = torch.zeros(0, 2, 8)
+    cu = torch.zeros(0, dtype=torch.int32)
+    with pytest.raises(ValueError, match="cu_seqlens_q has 0 entries"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 0, 0)
+    zero = torch.zeros(2, dtype=torch.int32)
+    out = flash_attn_varlen_func(q, q, q, zero, zero, 0, 0)
+    assert out.shape == (0, 2, 8)
+
+
+def test_fuzz_malformed_torch_arguments_never_crash():
+    """Random ranks, shapes (empty ones included), dtypes, strides, cu_seqlens, block tables and
+    outputs, torch and numpy mixed: every call returns or raises."""
+    rng = np.random.default_rng(5)
+    ran = 0
+    for _ in range(1500):
+        def tensor():
+            rank = int(rng.choice([1, 2, 3, 3, 3, 4]))
+            shape = tuple(int(rng.integers(0, 5)) for _ in range(rank))
+            kind = rng.choice(["f32", "f16", "bf16", "i32", "f64"])
+            x = torch.randn(shape)
+            x = {"f32": x, "f16": x.half(), "bf16": x.bfloat16(), "i32": x.int(), "f64": x.double()}[kind]
+            if rank >= 2 and rng.random() < 0.3:
+                x = x.transpose(0, 1)
+            if kind != "bf16" and rng.random() < 0.3:
+                x = x.numpy()
+            return x
+
+        def cu():
+            c = torch.from_numpy(np.sort(rng.integers(-3, 12, size=int(rng.integers(0, 5)))).astype(np.int32))
+            return c[::2] if rng.random() < 0.2 else c
+
+        kwargs = {}
+        if rng.random() < 0.2:
+            shape = (int(rng.integers(0, 4)), int(rng.integers(0, 4)))
+            kwargs["block_table"] = torch.from_numpy(rng.integers(-2, 6, size=shape).astype(np.int32))
+        if rng.random() < 0.1:
+            kwargs["out"] = tensor()
+        try:
+            flash_attn_varlen_func(
+                tensor(), tensor(), tensor(), cu(), cu(), 64, 64,
+                causal=bool(rng.random() < 0.5), return_attn_probs=bool(rng.random() < 0.3), **kwargs,
+            )
+            ran += 1
+        except (ValueError, TypeError, BufferError):
+            pass
+    assert ran < 1500  # most draws are malformed: the errors were exercised
