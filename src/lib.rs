@@ -221,6 +221,10 @@ pub(crate) fn execute<T: Element>(
     // ALiBi and sinks take the GPU when asked for (`Backend::Gpu`); `Auto` keeps them on the
     // CPU until the GPU suite has run them on a device. Paged caches run on the CPU.
     let packed = matches!(kv, KeysValues::Packed(..));
+    if !packed && params.backend == Backend::Gpu {
+        // Refused before the range scan, which would read the whole cache for nothing.
+        return Err(Error::GpuUnsupported("a paged K/V cache (Backend::Cpu or Auto runs it)".into()));
+    }
     let gpu_first = packed
         && match params.backend {
             Backend::Gpu => true,
@@ -232,9 +236,6 @@ pub(crate) fn execute<T: Element>(
     let (k, v) = match &kv {
         KeysValues::Packed(k, v) => (KvRows::Packed(Rows::new(k)), KvRows::Packed(Rows::new(v))),
         KeysValues::Paged(k, v, table) => {
-            if params.backend == Backend::Gpu {
-                return Err(Error::GpuUnsupported("a paged K/V cache (Backend::Cpu or Auto runs it)".into()));
-            }
             let table = BlockTable::new(table);
             (KvRows::Paged(PagedRows::new(k), table), KvRows::Paged(PagedRows::new(v), table))
         }

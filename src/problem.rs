@@ -335,7 +335,7 @@ impl<'a> Problem<'a> {
                 return Err(Error::BeyondF32 { quantity: "scale / softcap", value: ratio });
             }
         }
-        let longest_keys = (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64;
+        let longest_keys = self.longest_keys();
         if let Some(slopes) = self.alibi_slopes {
             // |i + Lk - Lq - j| < Lq + Lk: the largest bias any score gets.
             let longest_queries = (0..self.batch()).map(|b| self.sequence(b).q_len).max().unwrap_or(0) as f64;
@@ -350,7 +350,7 @@ impl<'a> Problem<'a> {
                 return Err(Error::BeyondF32 { quantity: "max|sink|", value: sink });
             }
         }
-        let score_factor = self.head_dim as f64 * scale.max(1.0);
+        let score_factor = self.score_factor();
         // The element type's largest finite value bounds every magnitude: when even that stays
         // inside the edge (f16 with moderate scales), the inputs need not be read. Only bf16
         // input reaches the bf16 matrix instructions, so only bf16 needs the flush question.
@@ -385,9 +385,20 @@ impl<'a> Problem<'a> {
         self.check_sums(max_v)
     }
 
+    /// `head_dim · max(1, 2·scale)`: what `max|q| · max|k|` is multiplied by to bound every raw
+    /// score and base-2 logit.
+    fn score_factor(&self) -> f64 {
+        self.head_dim as f64 * (2.0 * self.scale_exact).max(1.0)
+    }
+
+    /// The longest key sequence, as the bound on `P·V`'s sums counts it.
+    fn longest_keys(&self) -> f64 {
+        (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64
+    }
+
     /// The bound on every raw score and base-2 logit.
     fn check_scores(&self, max_q: f64, max_k: f64) -> Result<(), Error> {
-        let scores = self.head_dim as f64 * (2.0 * self.scale_exact).max(1.0) * max_q * max_k;
+        let scores = self.score_factor() * max_q * max_k;
         if scores >= F32_EDGE {
             return Err(Error::BeyondF32 {
                 quantity: "head_dim · max|q| · max|k| · max(1, 2·scale)", value: scores
@@ -398,8 +409,7 @@ impl<'a> Problem<'a> {
 
     /// The bound on every f32 accumulator of `P·V`.
     fn check_sums(&self, max_v: f64) -> Result<(), Error> {
-        let longest_keys = (0..self.batch()).map(|b| self.sequence(b).k_len).max().unwrap_or(0) as f64;
-        let sums = longest_keys * max_v;
+        let sums = self.longest_keys() * max_v;
         if sums >= F32_EDGE {
             return Err(Error::BeyondF32 { quantity: "max|v| · the longest key sequence", value: sums });
         }
