@@ -23,7 +23,7 @@
 use crate::element::Element;
 use crate::{Backend, PagedKv, Params};
 use candle_core::{DType, Device, Storage, Tensor};
-use ndarray::{ArrayView3, ArrayViewMut2, ArrayViewMut3, ShapeBuilder};
+use ndarray::{ArrayView, ArrayViewMut2, ArrayViewMut3, Ix3, Ix4, IxDyn, ShapeBuilder};
 
 type Result<T> = candle_core::Result<T>;
 
@@ -280,18 +280,7 @@ pub fn flash_attn_varlen_paged_windowed(
     let table = cumulative("block_table", &block_table.flatten_all()?)?;
     let table = ndarray::Array2::from_shape_vec((rows, columns), table).expect("sized by its dims");
     let (cu_q, cu_k) = (cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?);
-    for (arg, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)] {
-        if !t.device().is_cpu() {
-            candle_core::bail!("varlen-attn: {arg} is on {:?}; this build runs CPU tensors only", t.device());
-        }
-        if t.dtype() != q.dtype() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
-                t.dtype(),
-                q.dtype()
-            );
-        }
-    }
+    check_cpu_same_dtype(q, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])?;
     match q.dtype() {
         DType::BF16 => paged_typed::<half::bf16>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
         DType::F16 => paged_typed::<half::f16>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
@@ -313,10 +302,10 @@ fn paged_typed<T: Element + candle_core::WithDType>(
     let (q_storage, q_layout) = q.storage_and_layout();
     let (k_storage, k_layout) = k_cache.storage_and_layout();
     let (v_storage, v_layout) = v_cache.storage_and_layout();
-    let qv = view::<T>("q", &q_storage, q_layout)?;
+    let qv = view::<T, Ix3>("q", &q_storage, q_layout)?;
     let kv = PagedKv {
-        k_cache: view4::<T>("k_cache", &k_storage, k_layout)?,
-        v_cache: view4::<T>("v_cache", &v_storage, v_layout)?,
+        k_cache: view::<T, Ix4>("k_cache", &k_storage, k_layout)?,
+        v_cache: view::<T, Ix4>("v_cache", &v_storage, v_layout)?,
         block_table: table,
     };
     let (total_q, heads) = (qv.dim().0, qv.dim().1);
@@ -325,30 +314,6 @@ fn paged_typed<T: Element + candle_core::WithDType>(
     let out_view = ArrayViewMut3::from_shape((total_q, heads, dv), &mut out[..]).expect("sized above");
     crate::forward_paged_into(qv, &kv, cu_q, cu_k, params, out_view).map_err(error)?;
     Tensor::from_vec(out, (total_q, heads, dv), &Device::Cpu)
-}
-
-/// A view of a rank-4 CPU tensor's storage, in place.
-fn view4<'a, T: Element + candle_core::WithDType>(
-    arg: &'static str,
-    storage: &'a Storage,
-    layout: &candle_core::Layout,
-) -> Result<ndarray::ArrayView4<'a, T>> {
-    let [a, b, c, d] = <[usize; 4]>::try_from(layout.dims()).map_err(|_| {
-        error(crate::Error::Rank {
-            arg,
-            expected: 4,
-            got: layout.dims().len(),
-            layout: "[num_blocks, block_size, num_kv_heads, head_dim]",
-        })
-    })?;
-    let [sa, sb, sc, sd] = <[usize; 4]>::try_from(layout.stride()).expect("one stride per dim");
-    let Storage::Cpu(cpu) = storage else {
-        candle_core::bail!("varlen-attn: {arg} is not on the CPU");
-    };
-    let all = cpu.as_slice::<T>()?;
-    let data = all.get(layout.start_offset()..).unwrap_or(&[]);
-    ndarray::ArrayView4::from_shape((a, b, c, d).strides((sa, sb, sc, sd)), data)
-        .map_err(|e| candle_core::Error::Msg(format!("varlen-attn: {arg}'s layout cannot be viewed in place ({e})")))
 }
 
 /// The defaults of every call here: the CPU path (see the module docs).
@@ -436,21 +401,7 @@ fn run(
     params: &Params,
     with_lse: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    for (arg, t) in [("q", q), ("k", k), ("v", v)] {
-        if !t.device().is_cpu() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is on {:?}; this build runs CPU tensors only (see the README's candle section)",
-                t.device()
-            );
-        }
-        if t.dtype() != q.dtype() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is {:?} but q is {:?}: q, k and v must share a dtype",
-                t.dtype(),
-                q.dtype()
-            );
-        }
-    }
+    check_cpu_same_dtype(q, [("q", q), ("k", k), ("v", v)])?;
     match q.dtype() {
         DType::BF16 => run_typed::<half::bf16>(q, k, v, &cu_q, &cu_k, params, with_lse),
         DType::F16 => run_typed::<half::f16>(q, k, v, &cu_q, &cu_k, params, with_lse),
@@ -459,23 +410,44 @@ fn run(
     }
 }
 
-/// A view of a rank-3 CPU tensor's storage, in place (its layout's offset and strides).
-fn view<'a, T: Element + candle_core::WithDType>(
+/// A view of a CPU tensor's storage of rank `D`, in place (its layout's offset and strides).
+fn view<'a, T: Element + candle_core::WithDType, D: ndarray::Dimension>(
     arg: &'static str,
     storage: &'a Storage,
     layout: &candle_core::Layout,
-) -> Result<ArrayView3<'a, T>> {
-    let [a, b, c] = <[usize; 3]>::try_from(layout.dims()).map_err(|_| {
-        error(crate::Error::Rank { arg, expected: 3, got: layout.dims().len(), layout: crate::layout_of(arg) })
-    })?;
-    let [sa, sb, sc] = <[usize; 3]>::try_from(layout.stride()).expect("one stride per dim");
+) -> Result<ArrayView<'a, T, D>> {
+    let (rank, expected) = (layout.dims().len(), D::NDIM.expect("a fixed rank"));
+    if rank != expected {
+        return Err(error(crate::Error::Rank { arg, expected, got: rank, layout: crate::layout_of(arg) }));
+    }
     let Storage::Cpu(cpu) = storage else {
         candle_core::bail!("varlen-attn: {arg} is not on the CPU");
     };
     let all = cpu.as_slice::<T>()?;
     let data = all.get(layout.start_offset()..).unwrap_or(&[]);
-    ArrayView3::from_shape((a, b, c).strides((sa, sb, sc)), data)
-        .map_err(|e| candle_core::Error::Msg(format!("varlen-attn: {arg}'s layout cannot be viewed in place ({e})")))
+    let view = ArrayView::from_shape(IxDyn(layout.dims()).strides(IxDyn(layout.stride())), data)
+        .map_err(|e| candle_core::Error::Msg(format!("varlen-attn: {arg}'s layout cannot be viewed in place ({e})")))?;
+    Ok(view.into_dimensionality::<D>().expect("rank checked above"))
+}
+
+/// Checks that `tensors` are CPU tensors of `q`'s dtype.
+fn check_cpu_same_dtype(q: &Tensor, tensors: [(&str, &Tensor); 3]) -> Result<()> {
+    for (arg, t) in tensors {
+        if !t.device().is_cpu() {
+            candle_core::bail!(
+                "varlen-attn: {arg} is on {:?}; this build runs CPU tensors only (see the README's candle section)",
+                t.device()
+            );
+        }
+        if t.dtype() != q.dtype() {
+            candle_core::bail!(
+                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
+                t.dtype(),
+                q.dtype()
+            );
+        }
+    }
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -491,9 +463,9 @@ fn run_typed<T: Element + candle_core::WithDType>(
     let (q_storage, q_layout) = q.storage_and_layout();
     let (k_storage, k_layout) = k.storage_and_layout();
     let (v_storage, v_layout) = v.storage_and_layout();
-    let qv = view::<T>("q", &q_storage, q_layout)?;
-    let kv = view::<T>("k", &k_storage, k_layout)?;
-    let vv = view::<T>("v", &v_storage, v_layout)?;
+    let qv = view::<T, Ix3>("q", &q_storage, q_layout)?;
+    let kv = view::<T, Ix3>("k", &k_storage, k_layout)?;
+    let vv = view::<T, Ix3>("v", &v_storage, v_layout)?;
     let (total_q, heads) = (qv.dim().0, qv.dim().1);
     let dv = vv.dim().2;
     let mut out = vec![T::default(); total_q * heads * dv];

@@ -279,6 +279,8 @@ pub(crate) fn layout_of(arg: &str) -> &'static str {
         "q" => "[total_q, num_heads, head_dim]",
         "k" => "[total_k, num_kv_heads, head_dim]",
         "v" => "[total_k, num_kv_heads, head_dim_v]",
+        "k_cache" => "[num_blocks, block_size, num_kv_heads, head_dim]",
+        "v_cache" => "[num_blocks, block_size, num_kv_heads, head_dim_v]",
         _ => "[tokens, heads, head_dim]",
     }
 }
