@@ -29,14 +29,16 @@ pub fn check<T: Element>(
 ) {
     let reference = oracle::reference(q, k, v, cu_q, cu_k, params);
     let expected_shape = (q.dim().0, q.dim().1, v.dim().2);
-    let out_shape = if out_shape_error { (expected_shape.0 + 1, expected_shape.1, expected_shape.2) } else { expected_shape };
+    let out_shape =
+        if out_shape_error { (expected_shape.0 + 1, expected_shape.1, expected_shape.2) } else { expected_shape };
     let result: Result<(Array3<T>, Option<Array2<f32>>), Error> = match entry % 4 {
         0 => varlen_attn::forward(q, k, v, cu_q, cu_k, params).map(|o| (o, None)),
         1 => varlen_attn::forward_with_lse(q, k, v, cu_q, cu_k, params).map(|(o, l)| (o, Some(l))),
         2 => {
             // A padded, NaN-filled output: every element of the view must be written, none beyond.
             let mut storage = Array3::from_elem((out_shape.0, out_shape.1, out_shape.2 + 1), T::from_f32(f32::NAN));
-            let r = varlen_attn::forward_into(q, k, v, cu_q, cu_k, params, storage.slice_mut(s![.., .., ..out_shape.2]));
+            let r =
+                varlen_attn::forward_into(q, k, v, cu_q, cu_k, params, storage.slice_mut(s![.., .., ..out_shape.2]));
             assert!(storage.slice(s![.., .., out_shape.2]).iter().all(|x| x.to_f32().is_nan()), "wrote past the view");
             r.map(|()| (storage.slice(s![.., .., ..out_shape.2]).to_owned(), None))
         }
@@ -47,6 +49,26 @@ pub fn check<T: Element>(
                 .map(|()| (out, Some(lse)))
         }
     };
+    compare(reference, result, q, k, v, cu_q, cu_k, params, out_shape_error, finite_normal);
+}
+
+/// Checks a fast path's `result` against the oracle's `reference` for the same problem (`q`,
+/// `k`, `v` packed, whichever way the fast path read them): the same error, or the edge of f32
+/// exactly where the fast path refused, or (`finite_normal`) results within the oracle's bound.
+#[allow(clippy::too_many_arguments)]
+pub fn compare<T: Element>(
+    reference: Result<oracle::Reference, Error>,
+    result: Result<(Array3<T>, Option<Array2<f32>>), Error>,
+    q: ArrayView3<T>,
+    k: ArrayView3<T>,
+    v: ArrayView3<T>,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    params: &Params,
+    out_shape_error: bool,
+    finite_normal: bool,
+) {
+    let expected_shape = (q.dim().0, q.dim().1, v.dim().2);
     match (reference, result) {
         (_, Err(e)) if fast_path_only(&e) => {}
         (Err(expected), Err(got)) => {
@@ -59,7 +81,10 @@ pub fn check<T: Element>(
             assert!(beyond_f32_edge(q, k, v, cu_q, cu_k, params), "refused as beyond f32's edge inputs inside it");
         }
         (Ok(_), Err(got)) => {
-            assert!(out_shape_error && matches!(got, Error::Shape { arg: "out", .. }), "fast path refused what the oracle accepted: {got}");
+            assert!(
+                out_shape_error && matches!(got, Error::Shape { arg: "out", .. }),
+                "fast path refused what the oracle accepted: {got}"
+            );
         }
         (Err(expected), Ok(_)) => panic!("fast path accepted what the oracle refused: {expected}"),
         (Ok(mut reference), Ok((out, lse))) => {
