@@ -106,9 +106,11 @@ impl<'a, T> PagedRows<'a, T> {
         PagedRows { ptr: view.as_ptr(), shape: [a, b, c, d], strides: [s[0], s[1], s[2], s[3]], _borrow: PhantomData }
     }
 
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.shape[1]
+    /// The block and slot that hold key `j` of sequence `sequence` under `table`.
+    #[inline]
+    pub fn locate(&self, table: &BlockTable, sequence: usize, j: usize) -> (usize, usize) {
+        let size = self.shape[1];
+        (table.get(sequence, j / size) as usize, j % size)
     }
 
     /// The `dims` values of slot `slot` of block `block`, head `head`.
@@ -191,8 +193,7 @@ impl<'a, T> KvRows<'a, T> {
                 unsafe { token_at(rows.ptr, offset, shape, strides) }
             }
             KvRows::Paged(cache, table) => {
-                let size = cache.block_size();
-                let (block, slot) = (table.get(index, j / size) as usize, j % size);
+                let (block, slot) = cache.locate(table, index, j);
                 assert!(block < cache.shape[0], "block {block} outside {:?}", cache.shape);
                 let offset = block as isize * cache.strides[0] + slot as isize * cache.strides[1];
                 let (shape, strides) = ([cache.shape[2], cache.shape[3]], [cache.strides[2], cache.strides[3]]);
@@ -230,8 +231,8 @@ impl<'r, 'a, T> SequenceRows<'r, 'a, T> {
         match self.kv {
             KvRows::Packed(rows) => rows.row(self.sequence + j, self.head),
             KvRows::Paged(cache, table) => {
-                let size = cache.block_size();
-                cache.row(table.get(self.sequence, j / size) as usize, j % size, self.head)
+                let (block, slot) = cache.locate(table, self.sequence, j);
+                cache.row(block, slot, self.head)
             }
         }
     }
