@@ -224,86 +224,32 @@ fn paged_entry_point_equals_forward_paged() {
         cpu(Params { softmax_scale: Some(0.2), window_left: Some(20), window_right: Some(0), ..Params::default() });
     let kv = varlen_attn::PagedKv { k_cache: cache4.view(), v_cache: cache4.view(), block_table: table.view() };
     let expected = varlen_attn::forward_paged(q.view(), &kv, &cu_q, &cu_k, &params).unwrap();
-    let got = flash_attn_varlen_paged_windowed(
-        &q_t,
-        &cache_t,
-        &cache_t,
-        &table_t,
-        &u32s(&cu_q),
-        &u32s(&cu_k),
-        2,
-        40,
-        0.2,
-        Some(20),
-        Some(0),
-    )
-    .unwrap();
-    same(&got, &expected);
+    // The candle call with the window above on these seqlens.
+    let call = |q: &Tensor, cache: &Tensor, table: &Tensor| {
+        flash_attn_varlen_paged_windowed(
+            q,
+            cache,
+            cache,
+            table,
+            &u32s(&cu_q),
+            &u32s(&cu_k),
+            2,
+            40,
+            0.2,
+            Some(20),
+            Some(0),
+        )
+    };
+    same(&call(&q_t, &cache_t, &table_t).unwrap(), &expected);
     // A strided view of the cache: its heads axis swapped twice over a transposed copy.
     let swapped = cache_t.transpose(1, 2).unwrap().contiguous().unwrap().transpose(1, 2).unwrap();
-    let got = flash_attn_varlen_paged_windowed(
-        &q_t,
-        &swapped,
-        &swapped,
-        &table_t,
-        &u32s(&cu_q),
-        &u32s(&cu_k),
-        2,
-        40,
-        0.2,
-        Some(20),
-        Some(0),
-    )
-    .unwrap();
-    same(&got, &expected);
+    same(&call(&q_t, &swapped, &table_t).unwrap(), &expected);
     let bad = Tensor::new(&[[4u32, 1, 5], [0, 9, 2]], &Device::Cpu).unwrap();
-    let m = flash_attn_varlen_paged_windowed(
-        &q_t,
-        &cache_t,
-        &cache_t,
-        &bad,
-        &u32s(&cu_q),
-        &u32s(&cu_k),
-        2,
-        40,
-        0.2,
-        None,
-        None,
-    )
-    .unwrap_err()
-    .to_string();
+    let m = call(&q_t, &cache_t, &bad).unwrap_err().to_string();
     assert!(m.contains("block_table[1, 1] = 9"), "{m}");
     let flat = Tensor::new(&[4u32, 1, 5], &Device::Cpu).unwrap();
-    let m = flash_attn_varlen_paged_windowed(
-        &q_t,
-        &cache_t,
-        &cache_t,
-        &flat,
-        &u32s(&cu_q),
-        &u32s(&cu_k),
-        2,
-        40,
-        0.2,
-        None,
-        None,
-    )
-    .unwrap_err()
-    .to_string();
+    let m = call(&q_t, &cache_t, &flat).unwrap_err().to_string();
     assert!(m.contains("block_table must have rank 2"), "{m}");
-    let m = flash_attn_varlen_paged_windowed(
-        &q_t,
-        &q_t,
-        &q_t,
-        &table_t,
-        &u32s(&cu_q),
-        &u32s(&cu_k),
-        2,
-        40,
-        0.2,
-        None,
-        None,
-    )
-    .unwrap_err()
-    .to_string();
+    let m = call(&q_t, &q_t, &table_t).unwrap_err().to_string();
     assert!(m.contains("k_cache has rank 3, expected 4"), "{m}");
 }
