@@ -218,8 +218,8 @@ pub(crate) fn execute<T: Element>(
     mut out: ArrayViewMut3<T>,
     mut lse: Option<ArrayViewMut2<f32>>,
 ) -> Result<(), Error> {
-    // ALiBi and sinks take the GPU when asked for (`Backend::Gpu`); `Auto` keeps them on the
-    // CPU until the GPU suite has run them on a device. Paged caches run on the CPU.
+    // Paged caches run on the CPU. ALiBi slopes and sinks ride in the kernel's parameter block:
+    // `Auto` keeps the few calls with more than it holds on the CPU, without trying the GPU.
     let packed = matches!(kv, KeysValues::Packed(..));
     if !packed && params.backend == Backend::Gpu {
         // Refused before the range scan, which would read the whole cache for nothing.
@@ -228,7 +228,7 @@ pub(crate) fn execute<T: Element>(
     let gpu_first = packed
         && match params.backend {
             Backend::Gpu => true,
-            Backend::Auto => gpu::is_usable(T::DTYPE) && problem.modifiers() == (None, None),
+            Backend::Auto => gpu::is_usable(T::DTYPE) && gpu::check_modifiers(problem).is_ok(),
             _ => false,
         };
     // Where the CPU's streaming decode kernel will run, it checks K's and V's range itself.

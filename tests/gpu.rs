@@ -600,8 +600,8 @@ fn alibi_and_sinks_on_the_gpu_match_the_oracle() {
     }
 }
 
-/// ALiBi and sinks with cu_seqlens on the device, and replayed from a CUDA graph: the same bits
-/// as the host-planned call.
+/// ALiBi and sinks with cu_seqlens on the device: within the oracle's bound, and a CUDA graph's
+/// replay gives the same bits.
 #[test]
 fn alibi_and_sinks_with_device_seqlens_and_graphs() {
     let Some(device) = device() else { return };
@@ -621,12 +621,8 @@ fn alibi_and_sinks_with_device_seqlens_and_graphs() {
     run_device_seqlens(&device, &uploaded, &cu_device, &params, &mut out, &mut lse).unwrap();
     device.check_seqlens().unwrap();
     let (out_device, lse_device) = (device.download(&out).unwrap(), device.download(&lse).unwrap());
-    check_against_oracle(&inputs, &cu, &params, out_device.clone(), lse_device.clone());
-    let host = Params { backend: Backend::Gpu, ..params.clone() };
-    let [q, k, v] = &inputs;
-    let (host_out, host_lse) = varlen_attn::forward_with_lse(q.view(), k.view(), v.view(), &cu, &cu, &host).unwrap();
-    assert_same_bits(&out_device, host_out.as_slice().unwrap(), "device cu_seqlens against the host's: outputs");
-    assert_same_bits(&lse_device, host_lse.as_slice().unwrap(), "device cu_seqlens against the host's: LSEs");
+    // Not the host-planned call's bits: without the lengths the tile shape is a guess.
+    check_against_oracle(&inputs, &cu, &params, out_device.clone(), lse_device);
 
     let mut replayed = device.zeros::<bf16>(inputs[0].len()).unwrap();
     let mut replayed_lse = device.zeros::<f32>(tokens * 16).unwrap();

@@ -64,10 +64,13 @@ use stub as device;
 #[cfg(not(feature = "gpu"))]
 use stub as memory;
 
+pub(crate) use call::check_modifiers;
 pub use call::{forward_device, forward_device_seqlens};
 pub use device::{Device, Graph};
 pub use tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
 
+#[cfg(feature = "gpu")]
+pub(crate) use cuda::library_present as cuda_library_present;
 pub(crate) use device::is_usable;
 #[cfg(feature = "gpu")]
 pub(crate) use staging::forward;
