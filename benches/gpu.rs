@@ -14,7 +14,8 @@
 //! after the selected seed shapes. With `--batches`,
 //! realistic vision batches instead (many images of different sizes in one call; GQA; head
 //! dims 80 and 64), timed with cu_seqlens from the host and on the device
-//! (`benches/peers/torch_gpu_batches.py` times FA2 varlen on the same batches).
+//! (`benches/peers/torch_gpu_batches.py` times FA2 varlen on the same batches); `--batches
+//! "x 1024,mixed"` runs the batches whose label contains one of the comma-separated texts.
 
 use half::bf16;
 use std::time::Instant;
@@ -186,7 +187,9 @@ fn batch_cases() -> Vec<(&'static str, usize, usize, usize, Vec<usize>)> {
 fn batches(device: &Device) {
     println!("| batch | Hq/Hkv | D | tokens | host cu_seqlens ms | device cu_seqlens ms | TFLOP/s | max error |");
     println!("|---|---|---|---|---|---|---|---|");
-    for (label, heads, kv_heads, dim, lengths) in batch_cases() {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let chosen = |label: &str| filter.as_ref().is_none_or(|f| f.split(',').any(|part| label.contains(part)));
+    for (label, heads, kv_heads, dim, lengths) in batch_cases().into_iter().filter(|case| chosen(case.0)) {
         let tokens: usize = lengths.iter().sum();
         let cu: Vec<i32> = std::iter::once(0)
             .chain(lengths.iter().scan(0i32, |s, &l| {
