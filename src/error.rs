@@ -182,8 +182,8 @@ pub enum Error {
 
     /// `cu_seqlens` on the device (`gpu::forward_device_seqlens`) broke a rule in a call queued
     /// since the last check: they must start at 0, never decrease, and end at the token counts
-    /// of q and k. Those calls wrote nothing.
-    #[error("cu_seqlens on the device broke a rule (start at 0, never decrease, end at the token counts) in a call since the last check; those calls wrote nothing")]
+    /// of q and k. Those calls read no input and filled their outputs with NaN.
+    #[error("cu_seqlens on the device broke a rule (start at 0, never decrease, end at the token counts) in a call since the last check; those calls filled their outputs with NaN")]
     DeviceCuSeqlens,
 
     /// A device buffer is shorter than the tensor laid over it needs.

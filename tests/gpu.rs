@@ -480,10 +480,10 @@ fn device_seqlens_match_the_oracle() {
     }
 }
 
-/// cu_seqlens on the device that break a rule: the call writes nothing, and the next check
-/// reports it once.
+/// cu_seqlens on the device that break a rule: the call fills its outputs with NaN, and the
+/// next check reports it once.
 #[test]
-fn bad_device_seqlens_write_nothing_and_are_reported() {
+fn bad_device_seqlens_write_nan_and_are_reported() {
     let Some(device) = device() else { return };
     let (inputs, cu) = packed_batch(&[100, 50, 30], 12);
     let uploaded = inputs.clone().map(|a| device.upload(a.as_slice().unwrap()).unwrap());
@@ -494,8 +494,21 @@ fn bad_device_seqlens_write_nothing_and_are_reported() {
         let mut lse = device.zeros::<f32>(180 * 16).unwrap();
         run_device_seqlens(&device, &uploaded, &cu_device, &Params::default(), &mut out, &mut lse).unwrap();
         assert_eq!(device.check_seqlens(), Err(varlen_attn::Error::DeviceCuSeqlens), "{bad:?}");
-        assert!(device.download(&out).unwrap().iter().all(|&x| x == sentinel), "{bad:?} wrote");
+        assert!(device.download(&out).unwrap().iter().all(|x| x.is_nan()), "{bad:?}: out not all NaN");
+        assert!(device.download(&lse).unwrap().iter().all(|x| x.is_nan()), "{bad:?}: lse not all NaN");
         assert_eq!(device.check_seqlens(), Ok(()), "the flag is lowered once reported");
+    }
+    // A strided output: NaN over its elements, the padding between its heads untouched.
+    let cu_device = device.upload(&[0i32, 100, 90, 180]).unwrap();
+    let mut padded = device.upload(&vec![sentinel; 180 * 16 * 80]).unwrap();
+    let t = |b| DeviceTensor::new(b, [180, 16, 72]).unwrap();
+    let strided = DeviceTensorMut::with_strides(&mut padded, [180, 16, 72], 16 * 80, 80).unwrap();
+    let (q, k, v) = (t(&uploaded[0]), t(&uploaded[1]), t(&uploaded[2]));
+    forward_device_seqlens(&device, q, k, v, &cu_device, &cu_device, &Params::default(), strided, None).unwrap();
+    assert_eq!(device.check_seqlens(), Err(varlen_attn::Error::DeviceCuSeqlens));
+    for (i, x) in device.download(&padded).unwrap().into_iter().enumerate() {
+        assert_eq!(x.is_nan(), i % 80 < 72, "element {i}");
+        assert!(x.is_nan() || x == sentinel, "element {i}: {x}");
     }
     // Buffers of different lengths are refused on the host.
     let (short, long) = (device.upload(&[0i32, 180]).unwrap(), device.upload(&cu).unwrap());

@@ -64,8 +64,8 @@ pub fn forward_device<T: Element>(
 /// The host checks what it can see: shapes, strides, head counts, parameters, and that both
 /// buffers have the same length of at least 2. The cu_seqlens themselves are checked on the
 /// GPU, by the small kernel that plans the tiles from them (start at 0, never decrease, end
-/// at q's and k's token counts): cu_seqlens that break a rule make the call write nothing
-/// (no block reads q, k or v, none writes `out` or `lse`) and raise the device's flag, which
+/// at q's and k's token counts): cu_seqlens that break a rule make the call fill `out`
+/// and `lse` with NaN (no block reads q, k or v) and raise the device's flag, which
 /// [`Device::check_seqlens`] reports. The host cannot see the lengths: it picks the tile
 /// shape as for `batch` sequences of equal length (a guess that only affects speed), sizes the
 /// grid for the most tiles q's token count allows, and splits no sequence's keys across blocks.

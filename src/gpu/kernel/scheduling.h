@@ -8,10 +8,29 @@
 // sequence's first query tile, prefix sums of its tile counts) and `tile_sequence` (each query
 // tile's sequence, -1 for the grid's blocks past the last tile) before the attention kernel
 // runs, and checks them: cu_seqlens_q and cu_seqlens_k start at 0, never decrease, and end at
-// the token counts of q and k. Cu_seqlens that break a rule raise `*p.status` and leave every
-// `tile_sequence` entry -1, so that every attention block returns before reading anything else.
+// the token counts of q and k. Cu_seqlens that break a rule raise `*p.status`, leave every
+// `tile_sequence` entry -1, so that every attention block returns before reading anything else,
+// and fill `out` (and `lse`) with NaN: a caller that does not read the flag cannot take an
+// unwritten output for a result.
 // The grid was sized for the most tiles the token count allows (tokens / BLOCK_M + batch).
 #define VA_PLAN_THREADS 1024
+
+// NaN over every element of `out` and `lse`, by the planning block's threads.
+VA_DEVICE void va_fill_nan(const VaParams& p) {
+#if defined(VA_IS_F16)
+    const va_u16 nan = 0x7e00;
+#else
+    const va_u16 nan = 0x7fc0;
+#endif
+    const va_i64 rows = (va_i64)p.total_q * p.heads;
+    for (va_i64 i = threadIdx.x; i < rows * p.head_dim_v; i += VA_PLAN_THREADS) {
+        const va_i64 row = i / p.head_dim_v, token = row / p.heads;
+        const int head = (int)(row % p.heads), d = (int)(i % p.head_dim_v);
+        p.out[token * p.out_token_stride + head * p.out_head_stride + d] = nan;
+    }
+    if (p.lse != nullptr)
+        for (va_i64 i = threadIdx.x; i < rows; i += VA_PLAN_THREADS) p.lse[i] = __int_as_float(0x7fc00000);
+}
 extern "C" __global__ void __launch_bounds__(VA_PLAN_THREADS) va_plan_tiles(VA_GRID_CONSTANT const VaParams p) {
     __shared__ int sums[VA_PLAN_THREADS];
     __shared__ int broken;
@@ -52,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(VA_PLAN_THREADS) va_plan_tiles(VA_G
     for (int i = total + t; i < va_device_grid_tiles(p); i += VA_PLAN_THREADS) tile_sequence[i] = -1;
     if (t == VA_PLAN_THREADS - 1) p.tile_start[n] = total;
     if (t == 0 && broken) *p.status = 1;
+    if (broken) va_fill_nan(p);
 }
 
 // The sequence of query tile `tile_index`, or -1 when the grid's block has no tile (cu_seqlens
