@@ -3,7 +3,8 @@
 //! over the images, each an f32 matmul, softmax, matmul) and with one `varlen_attn::candle`
 //! call. Prints both times and the largest difference.
 //!
-//! `cargo run --release --features candle --example candle_vision_attention [tokens per image…]`
+//! `cargo run --release --features candle --example candle_vision_attention [tokens per image…]`;
+//! with `--features candle-cuda` and `--cuda`, on candle's CUDA device 0 (both ways on the GPU).
 
 use candle_core::{DType, Device, Tensor, D};
 use std::time::Instant;
@@ -24,12 +25,18 @@ fn attention_per_image(q: &Tensor, k: &Tensor, v: &Tensor, cu: &[u32], scale: f6
     Tensor::cat(&outputs, 0)
 }
 
-fn best_of<T>(runs: usize, mut f: impl FnMut() -> candle_core::Result<T>) -> candle_core::Result<(f64, T)> {
+/// The best wall time of `runs` calls, each waited for on `device`.
+fn best_of<T>(
+    device: &Device,
+    runs: usize,
+    mut f: impl FnMut() -> candle_core::Result<T>,
+) -> candle_core::Result<(f64, T)> {
     let mut best = f64::INFINITY;
     let mut last = None;
     for _ in 0..runs {
         let start = Instant::now();
         let value = f()?;
+        device.synchronize()?;
         best = best.min(start.elapsed().as_secs_f64());
         last = Some(value);
     }
@@ -38,6 +45,7 @@ fn best_of<T>(runs: usize, mut f: impl FnMut() -> candle_core::Result<T>) -> can
 
 fn main() -> candle_core::Result<()> {
     let mut images: Vec<u32> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let device = if std::env::args().any(|a| a == "--cuda") { Device::new_cuda(0)? } else { Device::Cpu };
     if images.is_empty() {
         images = vec![720, 1200, 276, 64, 1, 600];
     }
@@ -45,7 +53,6 @@ fn main() -> candle_core::Result<()> {
     let cu: Vec<u32> =
         std::iter::once(0).chain(images.iter().scan(0, |sum, &l| Some(*sum + l).inspect(|s| *sum = *s))).collect();
     let tokens = *cu.last().expect("not empty") as usize;
-    let device = Device::Cpu;
     let qkv = Tensor::randn(0f32, 1.0, (tokens, 3, heads, dim), &device)?.to_dtype(DType::BF16)?;
     // Views into one packed qkv tensor, as the vision block's projection leaves them.
     let (q, k, v) =
@@ -54,8 +61,8 @@ fn main() -> candle_core::Result<()> {
     let cu_tensor = Tensor::new(cu.as_slice(), &device)?;
     let longest = *images.iter().max().expect("not empty") as usize;
 
-    let (looped_s, looped) = best_of(3, || attention_per_image(&q, &k, &v, &cu, scale))?;
-    let (ours_s, ours) = best_of(3, || {
+    let (looped_s, looped) = best_of(&device, 3, || attention_per_image(&q, &k, &v, &cu, scale))?;
+    let (ours_s, ours) = best_of(&device, 3, || {
         varlen_attn::candle::flash_attn_varlen(
             &q,
             &k,
@@ -70,7 +77,8 @@ fn main() -> candle_core::Result<()> {
     })?;
     let difference = (looped.to_dtype(DType::F32)? - ours.to_dtype(DType::F32)?)?.abs()?.flatten_all()?.max(0)?;
     let flops = 4.0 * images.iter().map(|&l| (l as f64).powi(2)).sum::<f64>() * (heads * dim) as f64;
-    println!("images {images:?}, {heads} heads x {dim}, bf16, {} threads", rayon_threads());
+    let on = if device.is_cpu() { format!("{} threads", rayon_threads()) } else { format!("{device:?}") };
+    println!("images {images:?}, {heads} heads x {dim}, bf16, {on}");
     println!(
         "candle loop (f32 matmul + softmax per image): {:9.3} ms  {:6.1} GFLOP/s",
         looped_s * 1e3,

@@ -3,9 +3,12 @@
 //!
 //! CPU tensors of bf16, f16 and f32 are read in place, whatever their strides (the storage is
 //! viewed, not copied), and the output is a new CPU tensor written once. Every call runs
-//! [`crate::forward`]'s CPU path (`Backend::Cpu`), so results equal it bit for bit. CUDA
-//! tensors are refused with a clear error: candle's `cuda` feature builds CUDA kernels with
-//! `nvcc` (the README says where that stands).
+//! [`crate::forward`]'s CPU path (`Backend::Cpu`), so results equal it bit for bit.
+//!
+//! With the `candle-cuda` feature, CUDA tensors (bf16, f16) run on the GPU kernel: read in
+//! place, written into a tensor candle allocates, on the stream of their candle device, with
+//! the cu_seqlens read on the device (the path of [`crate::gpu::forward_device_seqlens`], whose
+//! results they equal bit for bit). Without it, CUDA tensors are refused with a clear error.
 //!
 //! Errors are `candle_core::Error`s whose message names the argument, as [`crate::Error`]
 //! does.
@@ -20,10 +23,12 @@
 //! # Ok::<(), candle_core::Error>(())
 //! ```
 
-use crate::element::Element;
-use crate::{Backend, PagedKv, Params};
-use candle_core::{DType, Device, Storage, Tensor};
-use ndarray::{ArrayView, ArrayViewMut2, ArrayViewMut3, Ix3, Ix4, IxDyn, ShapeBuilder};
+use crate::{Backend, Params};
+use candle_core::{DType, Tensor};
+
+mod cpu;
+#[cfg(feature = "candle-cuda")]
+mod cuda;
 
 type Result<T> = candle_core::Result<T>;
 
@@ -225,8 +230,12 @@ pub fn flash_attn_varlen_cpu(
         alibi_slopes: slopes(alibi_slopes)?,
         ..cpu()
     };
-    let prefix = |arg, t| prefix_sums(&cumulative(arg, t)?);
-    run(q, k, v, prefix("seqlens_q", seqlens_q)?, prefix("seqlens_k", seqlens_k)?, &params, false).map(|(out, _)| out)
+    let prefix = |arg, t: &Tensor| -> Result<Tensor> {
+        let sums = prefix_sums(&cumulative(arg, t)?)?;
+        Tensor::new(sums.as_slice(), t.device())
+    };
+    with_cumulative(q, k, v, &prefix("seqlens_q", seqlens_q)?, &prefix("seqlens_k", seqlens_k)?, &params, false)
+        .map(|(out, _)| out)
 }
 
 /// Paged K/V (mistral.rs's `flash_attn_varlen_paged_windowed` convention):
@@ -270,6 +279,14 @@ pub fn flash_attn_varlen_paged_windowed(
         window_right: window_size_right,
         ..cpu()
     };
+    for (arg, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table)] {
+        if !t.device().is_cpu() {
+            candle_core::bail!(
+                "varlen-attn: {arg} is on {:?}: paged caches run on CPU tensors (the GPU kernel reads packed K and V only)",
+                t.device()
+            );
+        }
+    }
     if block_table.rank() != 2 {
         candle_core::bail!(
             "varlen-attn: block_table must have rank 2 [batch, max_blocks], got shape {:?}",
@@ -280,40 +297,7 @@ pub fn flash_attn_varlen_paged_windowed(
     let table = cumulative("block_table", &block_table.flatten_all()?)?;
     let table = ndarray::Array2::from_shape_vec((rows, columns), table).expect("sized by its dims");
     let (cu_q, cu_k) = (cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?);
-    check_cpu_same_dtype(q, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])?;
-    match q.dtype() {
-        DType::BF16 => paged_typed::<half::bf16>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
-        DType::F16 => paged_typed::<half::f16>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
-        DType::F32 => paged_typed::<f32>(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params),
-        other => candle_core::bail!("varlen-attn: q, k_cache and v_cache must be bf16, f16 or f32, got {other:?}"),
-    }
-}
-
-/// The paged call on CPU tensors of element type `T`, read in place.
-fn paged_typed<T: Element + candle_core::WithDType>(
-    q: &Tensor,
-    k_cache: &Tensor,
-    v_cache: &Tensor,
-    table: ndarray::ArrayView2<i32>,
-    cu_q: &[i32],
-    cu_k: &[i32],
-    params: &Params,
-) -> Result<Tensor> {
-    let (q_storage, q_layout) = q.storage_and_layout();
-    let (k_storage, k_layout) = k_cache.storage_and_layout();
-    let (v_storage, v_layout) = v_cache.storage_and_layout();
-    let qv = view::<T, Ix3>("q", &q_storage, q_layout)?;
-    let kv = PagedKv {
-        k_cache: view::<T, Ix4>("k_cache", &k_storage, k_layout)?,
-        v_cache: view::<T, Ix4>("v_cache", &v_storage, v_layout)?,
-        block_table: table,
-    };
-    let (total_q, heads) = (qv.dim().0, qv.dim().1);
-    let dv = kv.v_cache.dim().3;
-    let mut out = vec![T::default(); total_q * heads * dv];
-    let out_view = ArrayViewMut3::from_shape((total_q, heads, dv), &mut out[..]).expect("sized above");
-    crate::forward_paged_into(qv, &kv, cu_q, cu_k, params, out_view).map_err(error)?;
-    Tensor::from_vec(out, (total_q, heads, dv), &Device::Cpu)
+    cpu::run_paged(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params)
 }
 
 /// The defaults of every call here: the CPU path (see the module docs).
@@ -338,13 +322,10 @@ fn error(e: crate::Error) -> candle_core::Error {
     candle_core::Error::Msg(format!("varlen-attn: {e}")).bt()
 }
 
-/// A rank-1 integer tensor (u32, i64 or i32) on the CPU.
+/// The entries of a rank-1 integer tensor (u32, i64 or i32), read to the host.
 fn integers(arg: &str, t: &Tensor) -> Result<Vec<i64>> {
     if t.rank() != 1 {
         candle_core::bail!("varlen-attn: {arg} must have rank 1, got shape {:?}", t.dims());
-    }
-    if !t.device().is_cpu() {
-        candle_core::bail!("varlen-attn: {arg} must be on the CPU (this build runs CPU tensors only)");
     }
     Ok(match t.dtype() {
         DType::U32 => t.to_vec1::<u32>()?.into_iter().map(i64::from).collect(),
@@ -378,7 +359,8 @@ fn prefix_sums(lengths: &[i32]) -> Result<Vec<i32>> {
     Ok(sums)
 }
 
-/// [`run`] with cumulative seqlens tensors (candle-flash-attn's convention).
+/// The call with cumulative seqlens tensors (candle-flash-attn's convention), on q's device:
+/// CPU tensors on the CPU path, CUDA tensors on the GPU kernel.
 fn with_cumulative(
     q: &Tensor,
     k: &Tensor,
@@ -388,96 +370,29 @@ fn with_cumulative(
     params: &Params,
     with_lse: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    run(q, k, v, cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?, params, with_lse)
+    if q.device().is_cuda() {
+        return on_cuda(q, k, v, seqlens_q, seqlens_k, params, with_lse);
+    }
+    let (cu_q, cu_k) = (cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?);
+    cpu::run(q, k, v, &cu_q, &cu_k, params, with_lse)
 }
 
-/// Runs the call on CPU tensors of one dtype.
-fn run(
+#[cfg(feature = "candle-cuda")]
+use cuda::run as on_cuda;
+
+/// Without the `candle-cuda` feature, CUDA tensors are refused.
+#[cfg(not(feature = "candle-cuda"))]
+fn on_cuda(
     q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cu_q: Vec<i32>,
-    cu_k: Vec<i32>,
-    params: &Params,
-    with_lse: bool,
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: &Params,
+    _: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    check_cpu_same_dtype(q, [("q", q), ("k", k), ("v", v)])?;
-    match q.dtype() {
-        DType::BF16 => run_typed::<half::bf16>(q, k, v, &cu_q, &cu_k, params, with_lse),
-        DType::F16 => run_typed::<half::f16>(q, k, v, &cu_q, &cu_k, params, with_lse),
-        DType::F32 => run_typed::<f32>(q, k, v, &cu_q, &cu_k, params, with_lse),
-        other => candle_core::bail!("varlen-attn: q, k and v must be bf16, f16 or f32, got {other:?}"),
-    }
-}
-
-/// A view of a CPU tensor's storage of rank `D`, in place (its layout's offset and strides).
-fn view<'a, T: Element + candle_core::WithDType, D: ndarray::Dimension>(
-    arg: &'static str,
-    storage: &'a Storage,
-    layout: &candle_core::Layout,
-) -> Result<ArrayView<'a, T, D>> {
-    let (rank, expected) = (layout.dims().len(), D::NDIM.expect("a fixed rank"));
-    if rank != expected {
-        return Err(error(crate::Error::Rank { arg, expected, got: rank, layout: crate::layout_of(arg) }));
-    }
-    let Storage::Cpu(cpu) = storage else {
-        candle_core::bail!("varlen-attn: {arg} is not on the CPU");
-    };
-    let all = cpu.as_slice::<T>()?;
-    let data = all.get(layout.start_offset()..).unwrap_or(&[]);
-    let view = ArrayView::from_shape(IxDyn(layout.dims()).strides(IxDyn(layout.stride())), data)
-        .map_err(|e| candle_core::Error::Msg(format!("varlen-attn: {arg}'s layout cannot be viewed in place ({e})")))?;
-    Ok(view.into_dimensionality::<D>().expect("rank checked above"))
-}
-
-/// Checks that `tensors` are CPU tensors of `q`'s dtype.
-fn check_cpu_same_dtype(q: &Tensor, tensors: [(&str, &Tensor); 3]) -> Result<()> {
-    for (arg, t) in tensors {
-        if !t.device().is_cpu() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is on {:?}; this build runs CPU tensors only (see the README's candle section)",
-                t.device()
-            );
-        }
-        if t.dtype() != q.dtype() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
-                t.dtype(),
-                q.dtype()
-            );
-        }
-    }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_typed<T: Element + candle_core::WithDType>(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    cu_q: &[i32],
-    cu_k: &[i32],
-    params: &Params,
-    with_lse: bool,
-) -> Result<(Tensor, Option<Tensor>)> {
-    let (q_storage, q_layout) = q.storage_and_layout();
-    let (k_storage, k_layout) = k.storage_and_layout();
-    let (v_storage, v_layout) = v.storage_and_layout();
-    let qv = view::<T, Ix3>("q", &q_storage, q_layout)?;
-    let kv = view::<T, Ix3>("k", &k_storage, k_layout)?;
-    let vv = view::<T, Ix3>("v", &v_storage, v_layout)?;
-    let (total_q, heads) = (qv.dim().0, qv.dim().1);
-    let dv = vv.dim().2;
-    let mut out = vec![T::default(); total_q * heads * dv];
-    let out_view = ArrayViewMut3::from_shape((total_q, heads, dv), &mut out[..]).expect("sized above");
-    let lse = if with_lse {
-        let mut lse = vec![0f32; heads * total_q];
-        let lse_view = ArrayViewMut2::from_shape((heads, total_q), &mut lse[..]).expect("sized above");
-        crate::forward_with_lse_into(qv, kv, vv, cu_q, cu_k, params, out_view, lse_view).map_err(error)?;
-        Some(Tensor::from_vec(lse, (heads, total_q), &Device::Cpu)?)
-    } else {
-        crate::forward_into(qv, kv, vv, cu_q, cu_k, params, out_view).map_err(error)?;
-        None
-    };
-    Ok((Tensor::from_vec(out, (total_q, heads, dv), &Device::Cpu)?, lse))
+    candle_core::bail!(
+        "varlen-attn: q is on {:?}: CUDA tensors need the `candle-cuda` feature (see the README's candle section)",
+        q.device()
+    )
 }

@@ -59,6 +59,26 @@ fn encode_tensor_map(shape: &TensorMapShape, f16: bool) -> Option<TensorMap> {
     Some(TensorMap(map.opaque))
 }
 
+/// Whether the dynamic loader opens `library` (`cuda`, `nvrtc`) under one of the names the
+/// driver and CUDA 13's NVRTC go by. cudarc's own check exists only where it loads libraries at
+/// run time; where another crate turns on its `dynamic-linking` (candle's `cuda`), the
+/// libraries are linked, and found here too.
+pub(crate) fn library_present(library: &str) -> bool {
+    use std::env::consts::{DLL_PREFIX, DLL_SUFFIX};
+    let names = [
+        format!("{DLL_PREFIX}{library}{DLL_SUFFIX}"),
+        format!("{DLL_PREFIX}{library}{DLL_SUFFIX}.1"),
+        format!("{DLL_PREFIX}{library}{DLL_SUFFIX}.13"),
+        format!("{DLL_PREFIX}nv{library}{DLL_SUFFIX}"),
+        format!("{DLL_PREFIX}{library}64_130_0{DLL_SUFFIX}"),
+    ];
+    names.iter().any(|name| {
+        // SAFETY: opens a system library (running its initialisers, as cudarc's loading does)
+        // and closes it again; nothing of it is called.
+        unsafe { libloading::Library::new(name) }.is_ok()
+    })
+}
+
 /// The two entry points of one compiled variant.
 pub(crate) struct Kernels {
     attention: CudaFunction,
@@ -96,12 +116,10 @@ fn gpu_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
 impl CudaDevice {
     /// Opens GPU `ordinal`, or says why there is none.
     pub fn open(ordinal: usize) -> Result<Self, Error> {
-        // SAFETY: asks the dynamic loader whether the library can be opened; nothing else.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        if !library_present("cuda") {
             return Err(Error::NoDevice("the NVIDIA driver library (libcuda.so) was not found".into()));
         }
-        // SAFETY: as above.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        if !library_present("nvrtc") {
             return Err(Error::NoDevice(
                 "NVRTC (libnvrtc.so.13) was not found: install the CUDA 13 runtime compiler, e.g. `pip install nvidia-cuda-nvrtc`, and put it on the library path".into(),
             ));
@@ -118,6 +136,15 @@ impl CudaDevice {
         // (`gpu::Device` refuses buffers of another device), so the stream's order alone
         // orders every use.
         unsafe { context.disable_event_tracking() };
+        let stream = context.new_stream().map_err(gpu_error("creating a stream"))?;
+        Self::on_stream(stream)
+    }
+
+    /// The GPU of `stream`, whose calls are queued on it: a stream of this crate's own
+    /// context, or another library's (candle's), whose context settings are left as they are.
+    pub fn on_stream(stream: Arc<CudaStream>) -> Result<Self, Error> {
+        let context = stream.context();
+        let ordinal = context.ordinal();
         let capability = context.compute_capability().map_err(gpu_error("reading the compute capability"))?;
         if capability.0 < 8 {
             return Err(Error::NoDevice(format!(
@@ -129,7 +156,6 @@ impl CudaDevice {
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(gpu_error("reading the multiprocessor count"))? as usize;
         let name = context.name().unwrap_or_else(|_| "NVIDIA GPU".into());
-        let stream = context.new_stream().map_err(gpu_error("creating a stream"))?;
         Ok(CudaDevice {
             stream,
             name,

@@ -53,8 +53,7 @@ impl Device {
     /// # Errors
     /// [`Error::NoDevice`] naming what is missing (driver, runtime compiler, device).
     pub fn open(ordinal: usize) -> Result<Device, Error> {
-        static OPENED: AtomicU64 = AtomicU64::new(0);
-        let id = OPENED.fetch_add(1, Ordering::Relaxed);
+        let id = next_id();
         let text = |e: Error| match e {
             Error::NoDevice(text) => text,
             other => other.to_string(),
@@ -66,6 +65,13 @@ impl Device {
                 Err(hip) => Err(Error::NoDevice(format!("{}; {}", text(cuda), text(hip)))),
             },
         }
+    }
+
+    /// A device whose calls queue on another library's CUDA stream (candle's), leaving its
+    /// context's settings as they are.
+    #[cfg(feature = "candle-cuda")]
+    pub(crate) fn on_cuda_stream(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Device, Error> {
+        Ok(Device { runtime: Vendor::Cuda(CudaDevice::on_stream(stream)?), id: next_id() })
     }
 
     /// The GPU's name.
@@ -182,14 +188,6 @@ impl Device {
         out: DeviceTensorMut<T>,
         lse: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<(), Error> {
-        let f16 = match T::DTYPE {
-            DType::BF16 => false,
-            DType::F16 => true,
-            DType::F32 => return Err(f32_unsupported()),
-        };
-        if !out.token_stride.is_multiple_of(2) || !out.head_stride.is_multiple_of(2) {
-            return Err(Error::GpuUnsupported("the output's strides must be even (pairs are stored together)".into()));
-        }
         let operands = Operands {
             q: self.operand(q.buffer, q.token_stride, q.head_stride)?,
             k: self.operand(k.buffer, k.token_stride, k.head_stride)?,
@@ -197,18 +195,45 @@ impl Device {
             out: self.operand(out.buffer, out.token_stride, out.head_stride)?,
             lse: lse.map(|l| self.address(l)).transpose()?.unwrap_or(0),
         };
+        // SAFETY: every operand is a live buffer of this device (checked by `address`),
+        // holding the shape and strides its tensor was checked against; the problem was
+        // validated against those shapes (device cu_seqlens: their buffers hold batch + 1
+        // entries each). `out` and `lse` are borrowed mutably for the call, and the buffers
+        // free stream-ordered, after the kernels.
+        unsafe { self.queue_operands(problem, device_seqlens, T::DTYPE, operands) }
+    }
+
+    /// Queues a validated problem on device addresses.
+    ///
+    /// # Safety
+    /// Each operand must address device memory of this device's context that holds its
+    /// tensor's shape (the problem's) at its strides, stays allocated until the queued work
+    /// ends, and, for `out` and `lse`, is not used by other work meanwhile; device cu_seqlens
+    /// must address `batch + 1` i32 each.
+    pub(crate) unsafe fn queue_operands(
+        &self,
+        problem: &Problem,
+        device_seqlens: Option<(usize, [u64; 2])>,
+        dtype: DType,
+        operands: Operands,
+    ) -> Result<(), Error> {
+        let f16 = match dtype {
+            DType::BF16 => false,
+            DType::F16 => true,
+            DType::F32 => return Err(f32_unsupported()),
+        };
+        let out = operands.out;
+        if !out.token_stride.is_multiple_of(2) || !out.head_stride.is_multiple_of(2) {
+            return Err(Error::GpuUnsupported("the output's strides must be even (pairs are stored together)".into()));
+        }
         on_runtime!(self, r => {
             let gpu = Gpu { target: r.target(), multiprocessors: r.multiprocessors() };
             let plan = match device_seqlens {
                 None => Plan::new(problem, f16, gpu, Tuning::get(), operands),
                 Some((batch, cu)) => Plan::with_device_seqlens(problem, batch, cu, f16, gpu, Tuning::get(), operands),
             };
-            // SAFETY: every operand is a live buffer of this device (checked by `address`),
-            // holding the shape and strides its tensor was checked against; the problem was
-            // validated against those shapes (device cu_seqlens: their buffers hold batch + 1
-            // entries each, and the kernel checks their values before any block reads a
-            // tensor). `out` and `lse` are borrowed mutably for the call, and the buffers free
-            // stream-ordered, after the kernels.
+            // SAFETY: the caller vouches for the operands (this function's contract); the
+            // kernel checks device cu_seqlens' values before any block reads a tensor.
             unsafe { runtime::launch(r, &plan) }
         })
     }
@@ -218,7 +243,7 @@ impl Device {
     /// check; the flag is lowered.
     ///
     /// # Errors
-    /// [`Error::DeviceCuSeqlens`] when one did (those calls wrote nothing); [`Error::Gpu`] when
+    /// [`Error::DeviceCuSeqlens`] when one did (those calls wrote NaN); [`Error::Gpu`] when
     /// the GPU fails.
     pub fn check_seqlens(&self) -> Result<(), Error> {
         if on_runtime!(self, r => runtime::take_status(r))? {
@@ -278,6 +303,12 @@ impl Graph {
     pub fn replay(&self) -> Result<(), Error> {
         self.graph.launch().map_err(|e| Error::Gpu(format!("replaying a graph: {e}")))
     }
+}
+
+/// A new id for an opened device (tells its buffers from every other device's).
+fn next_id() -> u64 {
+    static OPENED: AtomicU64 = AtomicU64::new(0);
+    OPENED.fetch_add(1, Ordering::Relaxed)
 }
 
 pub(super) fn f32_unsupported() -> Error {

@@ -81,8 +81,7 @@ fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
 /// [`Error::NoDevice`](crate::Error::NoDevice) without NVRTC; [`Error::Gpu`](crate::Error::Gpu) with the compiler's log for the first
 /// variant that fails.
 pub fn compile_check_nvidia(major: i32, minor: i32) -> Result<usize, crate::Error> {
-    // SAFETY: asks the dynamic loader whether the library can be opened; nothing else.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if !crate::gpu::cuda_library_present("nvrtc") {
         return Err(crate::Error::NoDevice("NVRTC (libnvrtc.so.13) was not found".into()));
     }
     // Hopper builds both NVIDIA kernels (`VARLEN_ATTN_GPU_KERNEL=mma` selects the older one).

@@ -1,0 +1,231 @@
+//! CUDA tensors (the `candle-cuda` feature): the GPU kernel reads candle's device memory in
+//! place (each layout's offset and strides) and writes new tensors that candle allocates, on
+//! the stream of the tensors' candle device. cu_seqlens are read on the device (the path of
+//! [`crate::gpu::forward_device_seqlens`]), so the call only queues work: cu_seqlens that break
+//! a rule fill the output with NaN.
+
+use super::{error, Result};
+use crate::gpu::plan::{Operand, Operands};
+use crate::gpu::Device as Gpu;
+use crate::problem::Problem;
+use crate::Params;
+use candle_core::cuda::CudaDType;
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Device, Layout, Storage, Tensor};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, SyncOnDrop};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The kernel's runtime on each candle CUDA device's stream, made on first use and kept with
+/// its compiled kernels and workspace.
+fn gpu_of(device: &CudaDevice) -> Result<Arc<Gpu>> {
+    static DEVICES: OnceLock<Mutex<HashMap<candle_core::cuda::DeviceId, Arc<Gpu>>>> = OnceLock::new();
+    let mut devices = DEVICES.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(gpu) = devices.get(&device.id()) {
+        return Ok(gpu.clone());
+    }
+    let gpu = Arc::new(Gpu::on_cuda_stream(device.cuda_stream()).map_err(error)?);
+    devices.insert(device.id(), gpu.clone());
+    Ok(gpu)
+}
+
+/// Attention on CUDA tensors; `seqlens_q`/`seqlens_k` are cumulative (`batch + 1` entries, u32
+/// or i32) on the same device.
+pub(super) fn run(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    params: &Params,
+    with_lse: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let Device::Cuda(device) = q.device() else { candle_core::bail!("varlen-attn: q is not a CUDA tensor") };
+    for (arg, t) in [("k", k), ("v", v), ("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k)] {
+        if !t.device().same_device(q.device()) {
+            candle_core::bail!(
+                "varlen-attn: {arg} is on {:?} but q is on {:?}: they must share a device",
+                t.device(),
+                q.device()
+            );
+        }
+    }
+    for (arg, t) in [("k", k), ("v", v)] {
+        if t.dtype() != q.dtype() {
+            candle_core::bail!(
+                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
+                t.dtype(),
+                q.dtype()
+            );
+        }
+    }
+    match q.dtype() {
+        DType::BF16 => typed::<half::bf16>(device, q, k, v, seqlens_q, seqlens_k, params, with_lse),
+        DType::F16 => typed::<half::f16>(device, q, k, v, seqlens_q, seqlens_k, params, with_lse),
+        other => candle_core::bail!(
+            "varlen-attn: CUDA tensors must be bf16 or f16 (the tensor cores' operands), got {other:?}; f32 runs on CPU tensors"
+        ),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn typed<T: crate::Element + CudaDType + DeviceRepr>(
+    device: &CudaDevice,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqlens_q: &Tensor,
+    seqlens_k: &Tensor,
+    params: &Params,
+    with_lse: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let dims = |arg: &'static str, t: &Tensor| -> Result<[usize; 3]> {
+        match *t.dims() {
+            [a, b, c] => Ok([a, b, c]),
+            _ => Err(error(crate::Error::Rank { arg, expected: 3, got: t.rank(), layout: crate::layout_of(arg) })),
+        }
+    };
+    let (q_shape, k_shape, v_shape) = (dims("q", q)?, dims("k", k)?, dims("v", v)?);
+    let batch = seqlens(seqlens_q, seqlens_k)?;
+    // The host checks what it sees (shapes, heads, parameters) on the call as one sequence of
+    // all the tokens; the kernel checks the cu_seqlens themselves.
+    let tokens = |arg, n: usize| {
+        i32::try_from(n).map_err(|_| candle_core::Error::Msg(format!("varlen-attn: {arg} has {n} tokens, past i32")))
+    };
+    let whole_q = [0, tokens("q", q_shape[0])?];
+    let whole_k = [0, tokens("k", k_shape[0])?];
+    let problem = Problem::new(q_shape, k_shape, v_shape, &whole_q, &whole_k, params).map_err(error)?;
+    crate::gpu::check_modifiers(&problem).map_err(error)?;
+
+    let gpu = gpu_of(device)?;
+    let stream = device.cuda_stream();
+    let (total_q, heads, dv) = (q_shape[0], q_shape[1], v_shape[2]);
+    // SAFETY: every element is written by the kernel before it is read (the whole output: each
+    // row of each sequence, or NaN over all of it where the cu_seqlens break a rule).
+    let mut out = unsafe { device.alloc::<T>(total_q * heads * dv) }?;
+    let mut lse = if with_lse { Some(device.alloc_zeros::<f32>(heads * total_q)?) } else { None };
+
+    let (q_storage, q_layout) = q.storage_and_layout();
+    let (k_storage, k_layout) = k.storage_and_layout();
+    let (v_storage, v_layout) = v.storage_and_layout();
+    let (cq_storage, cq_layout) = seqlens_q.storage_and_layout();
+    let (ck_storage, ck_layout) = seqlens_k.storage_and_layout();
+    let (q_op, _q_read) = operand::<T>("q", &q_storage, q_layout, &stream)?;
+    let (k_op, _k_read) = operand::<T>("k", &k_storage, k_layout, &stream)?;
+    let (v_op, _v_read) = operand::<T>("v", &v_storage, v_layout, &stream)?;
+    let (cu_q, _cq_read) = seqlens_address("seqlens_q", &cq_storage, cq_layout, &stream)?;
+    let (cu_k, _ck_read) = seqlens_address("seqlens_k", &ck_storage, ck_layout, &stream)?;
+    let (out_address, out_write) = out.device_ptr_mut(&stream);
+    let out_op = Operand { address: out_address, token_stride: heads * dv, head_stride: dv };
+    let (lse_address, lse_write) = match lse.as_mut() {
+        Some(l) => {
+            let (address, write) = l.device_ptr_mut(&stream);
+            (address, Some(write))
+        }
+        None => (0, None),
+    };
+    let operands = Operands { q: q_op, k: k_op, v: v_op, out: out_op, lse: lse_address };
+    // SAFETY: q, k and v address candle's live storage of their layouts (checked by `operand`
+    // to hold the problem's shapes at their strides), the cu_seqlens `batch + 1` i32 each
+    // (`seqlens_address`); `out` and `lse` are new allocations of the problem's sizes. All are
+    // memory of this stream's context, and the read and write guards order the queued work
+    // with candle's other uses of the buffers (where candle tracks them with events).
+    unsafe { gpu.queue_operands(&problem, Some((batch, [cu_q, cu_k])), T::DTYPE, operands) }.map_err(error)?;
+    drop((out_write, lse_write));
+
+    let out = tensor(CudaStorage::wrap_cuda_slice(out, device.clone()), (total_q, heads, dv));
+    let lse = lse.map(|l| tensor(CudaStorage::wrap_cuda_slice(l, device.clone()), (heads, total_q)));
+    Ok((out, lse))
+}
+
+fn tensor<S: Into<candle_core::Shape>>(storage: CudaStorage, shape: S) -> Tensor {
+    Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
+}
+
+/// Checks the cu_seqlens tensors (rank 1, u32 or i32, `batch + 1` entries each with batch >=
+/// 1) and returns the batch.
+fn seqlens(seqlens_q: &Tensor, seqlens_k: &Tensor) -> Result<usize> {
+    for (arg, t) in [("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k)] {
+        if t.rank() != 1 || !matches!(t.dtype(), DType::U32 | DType::I32) {
+            candle_core::bail!(
+                "varlen-attn: {arg} on a CUDA device must be u32 or i32 of rank 1 (batch + 1 cumulative lengths), got {:?} {:?}",
+                t.dtype(),
+                t.dims()
+            );
+        }
+        if t.dims1()? < 2 {
+            return Err(error(crate::Error::CuSeqlensTooShort { arg, len: t.dims1()? }));
+        }
+    }
+    let (q_len, k_len) = (seqlens_q.dims1()?, seqlens_k.dims1()?);
+    if q_len != k_len {
+        return Err(error(crate::Error::CuSeqlensLength { q_len, k_len }));
+    }
+    Ok(q_len - 1)
+}
+
+/// The device address of a rank-1 u32 or i32 tensor's first entry (contiguous; u32 entries
+/// below 2^31 read as the same i32, larger ones as negative values, which the kernel refuses).
+fn seqlens_address<'a>(
+    arg: &str,
+    storage: &'a Storage,
+    layout: &Layout,
+    stream: &'a CudaStream,
+) -> Result<(u64, SyncOnDrop<'a>)> {
+    let Storage::Cuda(cuda) = storage else { candle_core::bail!("varlen-attn: {arg} is not a CUDA tensor") };
+    if layout.stride()[0] != 1 && layout.dims()[0] > 1 {
+        candle_core::bail!("varlen-attn: {arg} must be contiguous, got stride {:?}", layout.stride());
+    }
+    let (start, len) = (layout.start_offset(), layout.dims()[0]);
+    let (address, read) = match candle_core::backend::BackendStorage::dtype(cuda) {
+        DType::U32 => slice_address(cuda.as_cuda_slice::<u32>()?, start, len, arg, stream)?,
+        _ => slice_address(cuda.as_cuda_slice::<i32>()?, start, len, arg, stream)?,
+    };
+    Ok((address, read))
+}
+
+/// The address of entry `start` of `slice`, checking that `len` entries follow it.
+fn slice_address<'a, T>(
+    slice: &'a CudaSlice<T>,
+    start: usize,
+    len: usize,
+    arg: &str,
+    stream: &'a CudaStream,
+) -> Result<(u64, SyncOnDrop<'a>)> {
+    if start.checked_add(len).is_none_or(|end| end > slice.len()) {
+        candle_core::bail!("varlen-attn: {arg}'s layout reaches past its storage");
+    }
+    let (base, read) = slice.device_ptr(stream);
+    Ok((base + (start * size_of::<T>()) as u64, read))
+}
+
+/// The kernel's view of a rank-3 CUDA tensor: its address at the layout's offset and its token
+/// and head strides, checked as [`crate::gpu::DeviceTensor::with_strides`] checks a buffer
+/// (contiguous dims, 16-byte strides and start, inside the storage, heads not overlapping).
+fn operand<'a, T: CudaDType + 'a>(
+    arg: &'static str,
+    storage: &'a Storage,
+    layout: &Layout,
+    stream: &'a CudaStream,
+) -> Result<(Operand, SyncOnDrop<'a>)> {
+    let Storage::Cuda(cuda) = storage else { candle_core::bail!("varlen-attn: {arg} is not a CUDA tensor") };
+    let (dims, strides) = (layout.dims(), layout.stride());
+    let [tokens, heads, d] = [dims[0], dims[1], dims[2]];
+    if strides[2] != 1 && d > 1 {
+        candle_core::bail!("varlen-attn: {arg}'s last dimension must be contiguous, got strides {strides:?}");
+    }
+    let (token_stride, head_stride) = (strides[0], strides[1]);
+    let align = 16 / size_of::<T>();
+    let start = layout.start_offset();
+    if !(start.is_multiple_of(align) && token_stride.is_multiple_of(align) && head_stride.is_multiple_of(align)) {
+        candle_core::bail!(
+            "varlen-attn: {arg}'s offset {start} and strides ({token_stride}, {head_stride}) must be multiples of {align} elements (16 bytes) on the GPU"
+        );
+    }
+    if heads > 1 && d > head_stride {
+        candle_core::bail!("varlen-attn: {arg}'s head stride {head_stride} overlaps heads of {d} elements");
+    }
+    let span = if tokens * heads * d == 0 { 0 } else { (tokens - 1) * token_stride + (heads - 1) * head_stride + d };
+    let (address, read) = slice_address(T::as_cuda_slice(cuda)?, start, span, arg, stream)?;
+    Ok((Operand { address, token_stride, head_stride }, read))
+}
