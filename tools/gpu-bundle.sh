@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the `gpu` feature's test and bench executables here and copies them into .gpu-bin/
 # (ignored by git) with a runner, for a GPU machine that has the driver and NVRTC but no Rust.
-# The binaries open libcuda and libnvrtc at run time, so nothing CUDA is needed to build them.
+# The binaries open libcuda and libnvrtc at run time, so nothing CUDA is needed to build them
+# (except with `--features candle-cuda`: see tools/cuda-from-pypi.sh). They are copied without
+# their debug info (symbols kept, for backtraces): a tenth of the size to carry.
 #
 #   tools/gpu-bundle.sh                    # every test binary (cargo test --release --features gpu)
 #   tools/gpu-bundle.sh test --test gpu    # cargo arguments pass through
@@ -20,7 +22,7 @@ esac
 rm -rf .gpu-bin
 mkdir -p .gpu-bin
 "${cmd[@]}" | python3 -c '
-import json, os, shutil, sys
+import json, os, shutil, subprocess, sys
 names = []
 for line in sys.stdin:
     try:
@@ -30,7 +32,11 @@ for line in sys.stdin:
     exe = message.get("executable")
     if message.get("reason") == "compiler-artifact" and exe and message.get("profile", {}).get("test"):
         name = os.path.basename(exe).rsplit("-", 1)[0]
-        shutil.copy2(exe, os.path.join(".gpu-bin", name))
+        target = os.path.join(".gpu-bin", name)
+        if shutil.which("strip"):
+            subprocess.run(["strip", "--strip-debug", "-o", target, exe], check=True)
+        else:
+            shutil.copy2(exe, target)
         names.append(name)
 with open(".gpu-bin/run-all.sh", "w") as f:
     f.write("#!/usr/bin/env bash\n# Runs every bundled binary; the exit status is the first failure.\n")
