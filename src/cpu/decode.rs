@@ -196,6 +196,8 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
             // Scores, as natural-unit logits, in the panel layout [key][row]; a key's rows of
             // every kv head one after another (adjacent in memory).
             for j in 0..width {
+                // This block's values, needed after its keys (a pipeline one block deep).
+                prefetch_token(&io.v, seq, block + j);
                 max_k = max_k.max(widen_token(&io.k, seq, block + j, kv_heads, d, row));
                 for g in 0..kv_heads {
                     let key = &row[g * d..(g + 1) * d];
@@ -235,6 +237,9 @@ impl<T: Element> WithSimd for Attend<'_, '_, '_, '_, T> {
             }
             // O += P V, each row over the keys it sees (a masked key's 0 · inf would be NaN).
             for j in 0..width {
+                if end + j < chunk.keys.end {
+                    prefetch_token(&io.k, seq, end + j);
+                }
                 max_v = max_v.max(widen_token(&io.v, seq, block + j, kv_heads, dv, row));
                 for g in 0..kv_heads {
                     let value = &row[g * dv..(g + 1) * dv];
@@ -281,6 +286,23 @@ fn widen_token<T: Element>(kv: &KvRows<T>, seq: Sequence, j: usize, heads: usize
         }
     }
     max_finite_bits(&dst[..n])
+}
+
+/// Asks for key (or value) `j` of `seq`, every kv head, to be brought into the L2 cache ahead of
+/// its use (a contiguous token; others are left to the hardware).
+#[inline(always)]
+fn prefetch_token<T: Element>(kv: &KvRows<T>, seq: Sequence, j: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(token) = kv.token(seq.index, seq.k_start, j).as_ref().and_then(|t| t.as_slice()) {
+        let bytes = core::mem::size_of_val(token);
+        let start = token.as_ptr().cast::<i8>();
+        for line in (0..bytes).step_by(64) {
+            // SAFETY: a prefetch is a hint that never faults; the address is inside the token.
+            unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T1 }>(start.add(line)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kv, seq, j);
 }
 
 /// The largest finite `|x|` of `x` as f32 bits: lane-wise integer maxima of the bits with the
