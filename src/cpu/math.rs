@@ -12,15 +12,18 @@ pub(crate) const EXP2_POLY: [f32; 7] =
 /// sits in the low mantissa bits.
 const ROUNDING_MAGIC: f32 = 12_582_912.0;
 
-/// `2^x` lane by lane for `x <= 0`, within 2 ulp for `x` in `[-126, 0]`; `0` below `-127`, NaN
+/// `2^x` lane by lane for `x <= 0`, within 2 ulp for `x` in `[-126, 0]`; `0` below `-126`, NaN
 /// for NaN. Every caller's argument is at most 0 (a logit minus the max, `-2|y|` in `tanh`), so
 /// only the lower end is clamped, with a compare-and-select so that NaN passes through on every
-/// instruction set.
+/// instruction set. Results that would be subnormal are 0: subnormal probabilities cost
+/// microcode assists in every product they enter (ALiBi's far keys cross that band once per
+/// row), and each is below 2^-126 of its row's largest, far inside the oracle's bound.
 #[inline(always)]
 pub fn exp2_nonpositive<S: Simd>(simd: S, x: S::f32s) -> S::f32s {
-    let lo = simd.splat_f32s(-127.0);
-    let x = simd.select_f32s(simd.less_than_f32s(x, lo), lo, x);
-    exp2_clamped(simd, x)
+    let lo = simd.splat_f32s(-126.0);
+    let below = simd.less_than_f32s(x, lo);
+    let y = exp2_clamped(simd, simd.select_f32s(below, lo, x));
+    simd.select_f32s(below, simd.splat_f32s(0.0), y)
 }
 
 /// `2^x` for `x` in `[-127, 128]` (or NaN).
@@ -118,10 +121,11 @@ mod tests {
 
     #[test]
     fn exp2_edges() {
-        let xs = [f32::NEG_INFINITY, -1000.0, -127.5, 0.0, -0.0, f32::NAN];
+        // Below -126 the result would be subnormal: 0 instead.
+        let xs = [f32::NEG_INFINITY, -1000.0, -127.5, -126.25, 0.0, -0.0, f32::NAN];
         for out in on_every_isa(&xs, false) {
-            assert_eq!(&out[..5], &[0.0, 0.0, 0.0, 1.0, 1.0]);
-            assert!(out[5].is_nan());
+            assert_eq!(&out[..6], &[0.0, 0.0, 0.0, 0.0, 1.0, 1.0]);
+            assert!(out[6].is_nan());
         }
     }
 
