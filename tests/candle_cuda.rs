@@ -236,3 +236,13 @@ fn bad_cu_seqlens_give_nan() {
         assert!(values.iter().all(|v| v.is_nan()), "{bad:?}");
     }
 }
+
+/// No tokens: empty outputs of the right shapes, nothing launched.
+#[test]
+fn empty_batches_give_empty_outputs() {
+    let Some(device) = cuda() else { return };
+    let x = Tensor::zeros((0, 2, 64), DType::BF16, &device).unwrap();
+    let cu = Tensor::new(&[0u32, 0], &device).unwrap();
+    let (out, lse) = flash_attn_varlen_with_lse(&x, &x, &x, &cu, &cu, 0, 0, 0.1, true).unwrap();
+    assert_eq!((out.dims(), lse.dims()), (&[0, 2, 64][..], &[2, 0][..]));
+}

@@ -97,9 +97,15 @@ fn typed<T: crate::Element + CudaDType + DeviceRepr>(
     let problem = Problem::new(q_shape, k_shape, v_shape, &whole_q, &whole_k, params).map_err(error)?;
     crate::gpu::check_modifiers(&problem).map_err(error)?;
 
+    let (total_q, heads, dv) = (q_shape[0], q_shape[1], v_shape[2]);
+    if total_q * heads * dv == 0 {
+        // Nothing to compute, and the driver allocates no empty buffers: candle's own empties.
+        let out = Tensor::zeros((total_q, heads, dv), q.dtype(), q.device())?;
+        let lse = with_lse.then(|| Tensor::zeros((heads, total_q), DType::F32, q.device())).transpose()?;
+        return Ok((out, lse));
+    }
     let gpu = gpu_of(device)?;
     let stream = device.cuda_stream();
-    let (total_q, heads, dv) = (q_shape[0], q_shape[1], v_shape[2]);
     // SAFETY: every element is written by the kernel before it is read (the whole output: each
     // row of each sequence, or NaN over all of it where the cu_seqlens break a rule).
     let mut out = unsafe { device.alloc::<T>(total_q * heads * dv) }?;
