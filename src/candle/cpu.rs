@@ -1,7 +1,7 @@
 //! CPU tensors: read in place through ndarray views of candle's storage (its layout's offset
 //! and strides), the output a new CPU tensor written once by [`crate::forward_into`]'s CPU path.
 
-use super::{error, Result};
+use super::{check_like_q, error, Result};
 use crate::element::Element;
 use crate::{PagedKv, Params};
 use candle_core::{DType, Device, Storage, Tensor};
@@ -17,7 +17,7 @@ pub(super) fn run_paged(
     cu_k: &[i32],
     params: &Params,
 ) -> Result<Tensor> {
-    check_cpu_same_dtype(q, [("q", q), ("k_cache", k_cache), ("v_cache", v_cache)])?;
+    check_like_q(q, &[("k_cache", k_cache), ("v_cache", v_cache)])?;
     match q.dtype() {
         DType::BF16 => paged_typed::<half::bf16>(q, k_cache, v_cache, table, cu_q, cu_k, params),
         DType::F16 => paged_typed::<half::f16>(q, k_cache, v_cache, table, cu_q, cu_k, params),
@@ -63,7 +63,7 @@ pub(super) fn run(
     params: &Params,
     with_lse: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
-    check_cpu_same_dtype(q, [("q", q), ("k", k), ("v", v)])?;
+    check_like_q(q, &[("k", k), ("v", v)])?;
     match q.dtype() {
         DType::BF16 => run_typed::<half::bf16>(q, k, v, cu_q, cu_k, params, with_lse),
         DType::F16 => run_typed::<half::f16>(q, k, v, cu_q, cu_k, params, with_lse),
@@ -90,26 +90,6 @@ fn view<'a, T: Element + candle_core::WithDType, D: ndarray::Dimension>(
     let view = ArrayView::from_shape(IxDyn(layout.dims()).strides(IxDyn(layout.stride())), data)
         .map_err(|e| candle_core::Error::Msg(format!("varlen-attn: {arg}'s layout cannot be viewed in place ({e})")))?;
     Ok(view.into_dimensionality::<D>().expect("rank checked above"))
-}
-
-/// Checks that `tensors` are CPU tensors of `q`'s dtype.
-fn check_cpu_same_dtype(q: &Tensor, tensors: [(&str, &Tensor); 3]) -> Result<()> {
-    for (arg, t) in tensors {
-        if !t.device().is_cpu() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is on {:?} but q is on the CPU: they must share a device",
-                t.device()
-            );
-        }
-        if t.dtype() != q.dtype() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
-                t.dtype(),
-                q.dtype()
-            );
-        }
-    }
-    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -4,7 +4,8 @@
 //! [`crate::gpu::forward_device_seqlens`]), so the call only queues work: cu_seqlens that break
 //! a rule fill the output with NaN.
 
-use super::{error, Result};
+use super::{check_like_q, error, Result};
+use crate::gpu::check_layout;
 use crate::gpu::plan::{Operand, Operands};
 use crate::gpu::Device as Gpu;
 use crate::problem::Problem;
@@ -41,24 +42,7 @@ pub(super) fn run(
     with_lse: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let Device::Cuda(device) = q.device() else { candle_core::bail!("varlen-attn: q is not a CUDA tensor") };
-    for (arg, t) in [("k", k), ("v", v), ("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k)] {
-        if !t.device().same_device(q.device()) {
-            candle_core::bail!(
-                "varlen-attn: {arg} is on {:?} but q is on {:?}: they must share a device",
-                t.device(),
-                q.device()
-            );
-        }
-    }
-    for (arg, t) in [("k", k), ("v", v)] {
-        if t.dtype() != q.dtype() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
-                t.dtype(),
-                q.dtype()
-            );
-        }
-    }
+    check_like_q(q, &[("k", k), ("v", v)])?;
     match q.dtype() {
         DType::BF16 => typed::<half::bf16>(device, q, k, v, seqlens_q, seqlens_k, params, with_lse),
         DType::F16 => typed::<half::f16>(device, q, k, v, seqlens_q, seqlens_k, params, with_lse),
@@ -86,7 +70,7 @@ fn typed<T: crate::Element + CudaDType + DeviceRepr>(
         }
     };
     let (q_shape, k_shape, v_shape) = (dims("q", q)?, dims("k", k)?, dims("v", v)?);
-    let batch = seqlens(seqlens_q, seqlens_k)?;
+    let batch = seqlens(q.device(), seqlens_q, seqlens_k)?;
     // The host checks what it sees (shapes, heads, parameters) on the call as one sequence of
     // all the tokens; the kernel checks the cu_seqlens themselves.
     let tokens = |arg, n: usize| {
@@ -148,10 +132,16 @@ fn tensor<S: Into<candle_core::Shape>>(storage: CudaStorage, shape: S) -> Tensor
     Tensor::from_storage(Storage::Cuda(storage), shape, BackpropOp::none(), false)
 }
 
-/// Checks the cu_seqlens tensors (rank 1, u32 or i32, `batch + 1` entries each with batch >=
-/// 1) and returns the batch.
-fn seqlens(seqlens_q: &Tensor, seqlens_k: &Tensor) -> Result<usize> {
+/// Checks the cu_seqlens tensors (on `device`, rank 1, u32 or i32, `batch + 1` entries each
+/// with batch >= 1) and returns the batch.
+fn seqlens(device: &Device, seqlens_q: &Tensor, seqlens_k: &Tensor) -> Result<usize> {
     for (arg, t) in [("seqlens_q", seqlens_q), ("seqlens_k", seqlens_k)] {
+        if !t.device().same_device(device) {
+            candle_core::bail!(
+                "varlen-attn: {arg} is on {:?} but q is on {device:?}: they must share a device",
+                t.device()
+            );
+        }
         if t.rank() != 1 || !matches!(t.dtype(), DType::U32 | DType::I32) {
             candle_core::bail!(
                 "varlen-attn: {arg} on a CUDA device must be u32 or i32 of rank 1 (batch + 1 cumulative lengths), got {:?} {:?}",
@@ -207,7 +197,8 @@ fn slice_address<'a, T>(
 
 /// The kernel's view of a rank-3 CUDA tensor: its address at the layout's offset and its token
 /// and head strides, checked as [`crate::gpu::DeviceTensor::with_strides`] checks a buffer
-/// (contiguous dims, 16-byte strides and start, inside the storage, heads not overlapping).
+/// (16-byte strides, inside the storage, heads not overlapping), plus contiguous dims and a
+/// 16-byte start.
 fn operand<'a, T: CudaDType + 'a>(
     arg: &'static str,
     storage: &'a Storage,
@@ -223,15 +214,14 @@ fn operand<'a, T: CudaDType + 'a>(
     let (token_stride, head_stride) = (strides[0], strides[1]);
     let align = 16 / size_of::<T>();
     let start = layout.start_offset();
-    if !(start.is_multiple_of(align) && token_stride.is_multiple_of(align) && head_stride.is_multiple_of(align)) {
+    if !start.is_multiple_of(align) {
         candle_core::bail!(
-            "varlen-attn: {arg}'s offset {start} and strides ({token_stride}, {head_stride}) must be multiples of {align} elements (16 bytes) on the GPU"
+            "varlen-attn: {arg}'s offset {start} must be a multiple of {align} elements (16 bytes) on the GPU"
         );
     }
-    if heads > 1 && d > head_stride {
-        candle_core::bail!("varlen-attn: {arg}'s head stride {head_stride} overlaps heads of {d} elements");
-    }
-    let span = if tokens * heads * d == 0 { 0 } else { (tokens - 1) * token_stride + (heads - 1) * head_stride + d };
-    let (address, read) = slice_address(T::as_cuda_slice(cuda)?, start, span, arg, stream)?;
+    let slice = T::as_cuda_slice(cuda)?;
+    let after_start = slice.len().saturating_sub(start);
+    check_layout(arg, after_start, [tokens, heads, d], token_stride, head_stride, size_of::<T>()).map_err(error)?;
+    let (address, read) = slice_address(slice, start, 0, arg, stream)?;
     Ok((Operand { address, token_stride, head_stride }, read))
 }

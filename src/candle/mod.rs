@@ -230,12 +230,14 @@ pub fn flash_attn_varlen_cpu(
         alibi_slopes: slopes(alibi_slopes)?,
         ..cpu()
     };
-    let prefix = |arg, t: &Tensor| -> Result<Tensor> {
-        let sums = prefix_sums(&cumulative(arg, t)?)?;
-        Tensor::new(sums.as_slice(), t.device())
-    };
-    with_cumulative(q, k, v, &prefix("seqlens_q", seqlens_q)?, &prefix("seqlens_k", seqlens_k)?, &params, false)
-        .map(|(out, _)| out)
+    let (cu_q, cu_k) =
+        (prefix_sums(&cumulative("seqlens_q", seqlens_q)?)?, prefix_sums(&cumulative("seqlens_k", seqlens_k)?)?);
+    if q.device().is_cuda() {
+        // The device path reads cumulative lengths from device memory.
+        let (cu_q, cu_k) = (Tensor::new(cu_q.as_slice(), q.device())?, Tensor::new(cu_k.as_slice(), q.device())?);
+        return on_cuda(q, k, v, &cu_q, &cu_k, &params, false).map(|(out, _)| out);
+    }
+    cpu::run(q, k, v, &cu_q, &cu_k, &params, false).map(|(out, _)| out)
 }
 
 /// Paged K/V (mistral.rs's `flash_attn_varlen_paged_windowed` convention):
@@ -320,6 +322,27 @@ fn slopes(alibi_slopes: Option<&Tensor>) -> Result<Option<Vec<f32>>> {
 
 fn error(e: crate::Error) -> candle_core::Error {
     candle_core::Error::Msg(format!("varlen-attn: {e}")).bt()
+}
+
+/// Checks that `tensors` are on `q`'s device and of its dtype.
+fn check_like_q(q: &Tensor, tensors: &[(&str, &Tensor)]) -> Result<()> {
+    for &(arg, t) in tensors {
+        if !t.device().same_device(q.device()) {
+            candle_core::bail!(
+                "varlen-attn: {arg} is on {:?} but q is on {:?}: they must share a device",
+                t.device(),
+                q.device()
+            );
+        }
+        if t.dtype() != q.dtype() {
+            candle_core::bail!(
+                "varlen-attn: {arg} is {:?} but q is {:?}: they must share a dtype",
+                t.dtype(),
+                q.dtype()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The entries of a rank-1 integer tensor (u32, i64 or i32), read to the host.

@@ -67,6 +67,8 @@ use stub as memory;
 pub(crate) use call::check_modifiers;
 pub use call::{forward_device, forward_device_seqlens};
 pub use device::{Device, Graph};
+#[cfg(feature = "candle-cuda")]
+pub(crate) use tensor::check_layout;
 pub use tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
 
 #[cfg(feature = "gpu")]

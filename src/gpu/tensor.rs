@@ -53,7 +53,7 @@ pub struct DeviceTensorMut<'a, T> {
 /// Checks that a strided `[tokens, heads, dims]` layout fits in `len` values, that heads do not
 /// overlap, and that rows start on 16-byte boundaries (the kernel copies rows in 16-byte
 /// pieces).
-fn check_layout(
+pub(crate) fn check_layout(
     arg: &'static str,
     len: usize,
     shape: [usize; 3],
