@@ -77,9 +77,10 @@ pub(crate) struct Plan {
     /// The query tiles of each sequence where two or more all have as many (at least one),
     /// else 0 (`va_tile_sequence` then searches).
     tiles_per_sequence: usize,
-    /// Blocks of a persistent grid (one per multiprocessor's slot, each walking several units
-    /// of work; Hopper), or `None` for a block per unit.
-    persistent_blocks: Option<usize>,
+    /// Block slots of the GPU where a persistent grid may run (Hopper: one block per
+    /// multiprocessor's slot, each walking several units of work; `tiles::persistent_blocks`
+    /// decides per launch), or `None` for a block per unit.
+    persistent_slots: Option<usize>,
     operands: Operands,
     /// The problem's scalars, as the kernel reads them (`total_k` and `kv_heads`: K's and V's
     /// rows and heads, also what their tensor maps describe on Hopper).
@@ -141,7 +142,7 @@ impl Plan {
         // Hopper's blocks walk several tiles each, the copying warpgroup loading the next
         // tile's Q and keys while the computing ones finish the last: a grid of one wave.
         let slots = multiprocessors * variant.min_blocks;
-        let persistent_blocks = (target == Target::Wgmma && !tuning.no_persistent).then_some(slots);
+        let persistent_slots = (target == Target::Wgmma && !tuning.no_persistent).then_some(slots);
 
         // A window wider than every query-key distance is no window: clamped to that width, so
         // that the kernel's row + offset ± window cannot wrap (usize::MAX windows did, and
@@ -158,7 +159,7 @@ impl Plan {
             splits,
             merges_in_kernel: target != Target::Mfma && !tuning.merge_kernel,
             tiles_per_sequence: tiles::tiles_per_sequence(problem, variant.block_m()),
-            persistent_blocks,
+            persistent_slots,
             operands,
             kv_heads: problem.num_kv_heads,
             batch: problem.batch(),
@@ -355,10 +356,12 @@ impl Plan {
     }
 
     /// Grid of the attention kernel, one dimension: a block per unit of work, or a persistent
-    /// grid of at most one wave whose blocks take every `grid`-th unit.
+    /// grid of at most one wave whose blocks take every `grid`-th unit (Hopper, up to
+    /// `tiles::persistent_blocks`' count of waves).
     pub fn grid(&self) -> (u32, u32, u32) {
         let units = self.units();
-        (self.persistent_blocks.map_or(units, |blocks| blocks.min(units)) as u32, 1, 1)
+        let persistent = self.persistent_slots.and_then(|slots| tiles::persistent_blocks(units, slots));
+        (persistent.unwrap_or(units) as u32, 1, 1)
     }
 
     /// f32 elements of the split workspace (partial outputs, then partial LSEs): a tile's rows

@@ -548,3 +548,21 @@ fn heads_inner_launches_split_the_last_tiles_heads_by_their_own_sequences() {
     let plan = plan_on(Target::Wgmma, &problem);
     assert_eq!((plan.tiles, plan.split_pairs, plan.splits), (20, 0, 1));
 }
+
+#[test]
+fn many_waves_of_units_launch_a_block_per_unit() {
+    // Images of 1,024 tokens, 16 heads × 72: 6 tiles of 192 rows each, 96 units per image
+    // (and the last wave's key splits).
+    let images = |n: usize| {
+        let lengths: Vec<i32> = vec![1024; n];
+        let cu = cu_seqlens(&lengths);
+        let shape = [1024 * n, 16, 72];
+        plan_on(Target::Wgmma, &Problem::new(shape, shape, shape, &cu, &cu, default_params()).unwrap())
+    };
+    let (few, many) = (images(256), images(1024));
+    assert_eq!(few.variant.block_m(), 192);
+    assert!(few.units() >= 256 * 96 && few.units() <= 132 * 256);
+    assert_eq!(few.grid(), (132, 1, 1));
+    assert!(many.units() > 132 * 256);
+    assert_eq!(many.grid(), (many.units() as u32, 1, 1));
+}

@@ -72,6 +72,18 @@ pub(super) fn hopper_tiles(base: Variant, problem: &Problem, multiprocessors: us
     variant
 }
 
+/// Waves of units a persistent grid's blocks may walk. Each block takes every `grid`-th unit,
+/// so over many waves the blocks drift apart and the units running at once spread over more
+/// sequences than the L2 holds, which then read their keys and values again; a block per
+/// unit keeps the running ones together, as the hardware hands blocks out in order.
+const PERSISTENT_MAX_WAVES: usize = 256;
+
+/// Blocks of a persistent grid for `units` units of work on `slots` block slots, or `None` for
+/// a block per unit (more than [`PERSISTENT_MAX_WAVES`] waves).
+pub(super) fn persistent_blocks(units: usize, slots: usize) -> Option<usize> {
+    (units <= slots * PERSISTENT_MAX_WAVES).then_some(slots.min(units))
+}
+
 /// L2 bytes one sequence's keys and values (every kv head) may take for the heads-inner order:
 /// half the 50 MB L2 of an H100 or H200.
 const HEADS_INNER_MAX_KV_BYTES: usize = 24 << 20;
