@@ -16,6 +16,10 @@
 //! dims 80 and 64), timed with cu_seqlens from the host and on the device
 //! (`benches/peers/torch_gpu_batches.py` times FA2 varlen on the same batches); `--batches
 //! "x 1024,mixed"` runs the batches whose label contains one of the comma-separated texts.
+//! With `--host`, the host-array call end to end (seed shapes 4 and 9, 1,024 images × 1,024
+//! tokens): its first call, the median of the next five, and the kernel alone
+//! (`benches/peers/torch_host_path.py` measures the page-locked bus bandwidth and PyTorch's
+//! end-to-end FA2 call on the same shapes).
 
 use half::bf16;
 use std::time::Instant;
@@ -73,6 +77,10 @@ fn main() {
     println!("{}\n", device.name());
     if std::env::args().any(|a| a == "--batches") {
         batches(&device);
+        return;
+    }
+    if std::env::args().any(|a| a == "--host") {
+        host_path(&device);
         return;
     }
     println!("| # | H | D | L | call ms | back-to-back ms | TFLOP/s | % of limit | host call ms | max error |");
@@ -197,26 +205,11 @@ fn batches(device: &Device) {
                 Some(*s)
             }))
             .collect();
-        let mut state = 0x2545_F491_4F6C_DD1Du64 ^ tokens as u64;
-        // Up to 2^24 random values, then repeated: the largest batches hold billions of
-        // elements, which one host thread would take minutes to draw.
-        let mut random = |n: usize| -> Vec<bf16> {
-            let mut values: Vec<bf16> = (0..n.min(1 << 24))
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    bf16::from_f32((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
-                })
-                .collect();
-            let drawn = values.len();
-            while values.len() < n {
-                values.extend_from_within(..(n - values.len()).min(drawn));
-            }
-            values
-        };
-        let (q, k, v) =
-            (random(tokens * heads * dim), random(tokens * kv_heads * dim), random(tokens * kv_heads * dim));
+        let (q, k, v) = (
+            repeated_random(tokens * heads * dim, tokens as u64),
+            repeated_random(tokens * kv_heads * dim, tokens as u64 + 1),
+            repeated_random(tokens * kv_heads * dim, tokens as u64 + 2),
+        );
         let (qd, kd, vd) = (device.upload(&q).unwrap(), device.upload(&k).unwrap(), device.upload(&v).unwrap());
         let cu_device = device.upload(&cu).unwrap();
         let mut out = device.zeros::<bf16>(q.len()).unwrap();
@@ -282,6 +275,84 @@ fn batches(device: &Device) {
             flops / host_ms.min(device_ms) / 1e9,
             report.max_abs_error,
             if report.worst.is_some() { " OUT OF TOLERANCE" } else { "" }
+        );
+    }
+}
+
+/// `n` pseudo-random bf16 values in [-1, 1): up to 2^24 drawn, then repeated (the largest
+/// problems hold billions of elements, which one host thread would take minutes to draw).
+fn repeated_random(n: usize, seed: u64) -> Vec<bf16> {
+    let mut state = 0x2545_F491_4F6C_DD1Du64 ^ seed;
+    let mut values: Vec<bf16> = (0..n.min(1 << 24))
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            bf16::from_f32((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        })
+        .collect();
+    let drawn = values.len();
+    while values.len() < n {
+        values.extend_from_within(..(n - values.len()).min(drawn));
+    }
+    values
+}
+
+/// The host-array call (`forward`, `Backend::Gpu`) end to end against its kernel alone.
+fn host_path(device: &Device) {
+    println!("| shape | MB moved | kernel ms | first call ms | host call ms (median of 5) | GB/s moved |");
+    println!("|---|---|---|---|---|---|");
+    let images = Shape { index: 100, num_heads: 16, head_dim: 72, seq_len: 1024, sequences: 1024 };
+    for shape in [SEED_SHAPES[4], SEED_SHAPES[9], images] {
+        let dims = [shape.tokens(), shape.num_heads, shape.head_dim];
+        let elements = dims.iter().product::<usize>();
+        let array = |seed| ndarray::Array3::from_shape_vec(dims, repeated_random(elements, seed)).unwrap();
+        let (q, k, v) = (array(1), array(2), array(3));
+        let cu = shape.cu_seqlens();
+        let kernel_ms = {
+            let upload = |a: &ndarray::Array3<bf16>| device.upload(a.as_slice().unwrap()).unwrap();
+            let (qd, kd, vd) = (upload(&q), upload(&k), upload(&v));
+            let mut out = device.zeros::<bf16>(elements).unwrap();
+            let mut run = || {
+                forward_device(
+                    device,
+                    DeviceTensor::new(&qd, dims)?,
+                    DeviceTensor::new(&kd, dims)?,
+                    DeviceTensor::new(&vd, dims)?,
+                    &cu,
+                    &cu,
+                    &Params::default(),
+                    DeviceTensorMut::new(&mut out, dims)?,
+                    None,
+                )
+            };
+            run().unwrap();
+            let mut times: Vec<f32> = (0..5).map(|_| device.time_ms(&mut run).unwrap()).collect();
+            times.sort_by(f32::total_cmp);
+            times[2] as f64
+        };
+        let host = Params { backend: Backend::Gpu, ..Params::default() };
+        let mut out = ndarray::Array3::<bf16>::zeros(dims);
+        let mut call = || {
+            let start = Instant::now();
+            varlen_attn::forward_into(q.view(), k.view(), v.view(), &cu, &cu, &host, out.view_mut()).unwrap();
+            start.elapsed().as_secs_f64() * 1e3
+        };
+        let first_ms = call();
+        let mut times: Vec<f64> = (0..5).map(|_| call()).collect();
+        times.sort_by(f64::total_cmp);
+        let bytes = 4.0 * elements as f64 * 2.0;
+        println!(
+            "| {} x {} x {}{} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1} |",
+            shape.num_heads,
+            shape.head_dim,
+            shape.seq_len,
+            if shape.sequences > 1 { format!(" x {}", shape.sequences) } else { String::new() },
+            bytes / 1e6,
+            kernel_ms,
+            first_ms,
+            times[2],
+            bytes / (times[2] - kernel_ms) / 1e6,
         );
     }
 }

@@ -218,21 +218,24 @@ pub(crate) fn execute<T: Element>(
     mut out: ArrayViewMut3<T>,
     mut lse: Option<ArrayViewMut2<f32>>,
 ) -> Result<(), Error> {
-    // Paged caches run on the CPU. ALiBi slopes and sinks ride in the kernel's parameter block:
-    // `Auto` keeps the few calls with more than it holds on the CPU, without trying the GPU.
-    let packed = matches!(kv, KeysValues::Packed(..));
-    if !packed && params.backend == Backend::Gpu {
-        // Refused before the range scan, which would read the whole cache for nothing.
-        return Err(Error::GpuUnsupported("a paged K/V cache (Backend::Cpu or Auto runs it)".into()));
-    }
-    let gpu_first = packed
-        && match params.backend {
-            Backend::Gpu => true,
-            Backend::Auto => gpu::is_usable(T::DTYPE) && gpu::check_modifiers(problem).is_ok(),
-            _ => false,
-        };
+    // ALiBi slopes and sinks ride in the kernel's parameter block: `Auto` keeps the few calls
+    // with more than it holds on the CPU, without trying the GPU.
+    let gpu_first = match params.backend {
+        Backend::Gpu => true,
+        Backend::Auto => gpu::is_usable(T::DTYPE) && gpu::check_modifiers(problem).is_ok(),
+        _ => false,
+    };
     // Where the CPU's streaming decode kernel will run, it checks K's and V's range itself.
     let magnitudes = problem.check_magnitudes(q.view(), &kv, !gpu_first && cpu::streams(problem))?;
+    if gpu_first {
+        if params.backend == Backend::Gpu {
+            return gpu::forward(problem, q, &kv, out, lse);
+        }
+        match gpu::forward(problem, q.view(), &kv, out.view_mut(), lse.as_mut().map(|l| l.view_mut())) {
+            Ok(()) => return Ok(()),
+            Err(e) => log::warn!("varlen-attn: GPU failed ({e}); running on the CPU instead"),
+        }
+    }
     let (k, v) = match &kv {
         KeysValues::Packed(k, v) => (KvRows::Packed(Rows::new(k)), KvRows::Packed(Rows::new(v))),
         KeysValues::Paged(k, v, table) => {
@@ -240,15 +243,6 @@ pub(crate) fn execute<T: Element>(
             (KvRows::Paged(PagedRows::new(k), table), KvRows::Paged(PagedRows::new(v), table))
         }
     };
-    if let (true, KeysValues::Packed(k, v)) = (gpu_first, &kv) {
-        if params.backend == Backend::Gpu {
-            return gpu::forward(problem, q, k.view(), v.view(), out, lse);
-        }
-        match gpu::forward(problem, q.view(), k.view(), v.view(), out.view_mut(), lse.as_mut().map(|l| l.view_mut())) {
-            Ok(()) => return Ok(()),
-            Err(e) => log::warn!("varlen-attn: GPU failed ({e}); running on the CPU instead"),
-        }
-    }
     let io = cpu::Io { q: Rows::new(&q), k, v, out: RowsMut::new(&mut out), lse: lse.as_mut().map(LseMut::new) };
     cpu::forward(problem, io, params.cpu_isa, magnitudes)
 }

@@ -57,8 +57,10 @@ impl<'a, T: Element> PagedKv<'a, T> {
 
 /// [`forward`](crate::forward) with the keys and values in a paged cache: returns
 /// `out [total_q, num_heads, head_dim_v]`. `cu_seqlens_k` gives each sequence's key count
-/// (its last entry is the total of the keys, not a tensor's size). Runs on the CPU (every
-/// instruction set); `Backend::Gpu` answers [`Error::GpuUnsupported`].
+/// (its last entry is the total of the keys, not a tensor's size). Runs where
+/// [`forward`](crate::forward) runs: on the CPU (every instruction set), or on the GPU
+/// (bf16 and f16; the cache's blocks are copied over whole, and the kernel reads them through
+/// the block table; [`crate::gpu::forward_device_paged`] takes a cache already there).
 ///
 /// ```
 /// use ndarray::{Array2, Array3, Array4, Axis};

@@ -423,8 +423,8 @@ impl<'a> Problem<'a> {
     /// tiled kernels are refused ([`Error::GpuUnsupported`]), so `Backend::Auto` runs these
     /// inputs on the CPU.
     #[cfg_attr(not(feature = "gpu"), allow(dead_code))]
-    pub fn check_values_for_tiled_kernels<T: Element>(&self, v: ArrayView3<T>) -> Result<(), Error> {
-        if !self.mask.is_full() && v.iter().any(|x| !x.to_f32().is_finite()) {
+    pub fn check_values_for_tiled_kernels<T: Element>(&self, kv: &KeysValues<T>) -> Result<(), Error> {
+        if !self.mask.is_full() && kv.values_read(self).any(|x| !x.to_f32().is_finite()) {
             return Err(Error::GpuUnsupported(
                 "non-finite values in v with a causal or windowed mask (the CPU path keeps them out of rows that do not see them)".into(),
             ));
@@ -514,7 +514,7 @@ enum Half {
     Values,
 }
 
-impl<T: Element> KeysValues<'_, T> {
+impl<'a, T: Element> KeysValues<'a, T> {
     /// Scans the parts of K (or V) that the call reads, each once: the whole tensor when
     /// packed; when paged, every block the sequences reach, up to the last slot any sequence
     /// reads (slots past a sequence's keys may hold anything, and are not read).
@@ -523,23 +523,44 @@ impl<T: Element> KeysValues<'_, T> {
             KeysValues::Packed(k, v) => scan(if half == Half::Keys { k.view() } else { v.view() }, floor),
             KeysValues::Paged(k, v, table) => {
                 let cache = if half == Half::Keys { k } else { v };
-                let block_size = cache.dim().1;
-                // Slots read in each block: the most any sequence reads.
-                let mut slots = vec![0usize; cache.dim().0];
-                for b in 0..problem.batch() {
-                    let keys = problem.sequence(b).k_len;
-                    for entry in 0..keys.div_ceil(block_size) {
-                        let block = table[[b, entry]] as usize;
-                        slots[block] = slots[block].max((keys - entry * block_size).min(block_size));
-                    }
-                }
                 use rayon::prelude::*;
                 let part = |(block, n): (usize, usize)| scan(cache.slice(s![block, ..n, .., ..]), floor);
+                let slots = read_slots(problem, cache.dim().1, cache.dim().0, table);
                 let parts = slots.into_par_iter().enumerate().with_min_len(64).filter(|&(_, n)| n > 0);
                 parts.map(part).reduce(|| Scan::EMPTY, Scan::join)
             }
         }
     }
+
+    /// Every value of V the call reads (packed: all of V; paged: the slots `scan` reads).
+    fn values_read<'s>(&'s self, problem: &Problem) -> Box<dyn Iterator<Item = &'s T> + 's> {
+        match self {
+            KeysValues::Packed(_, v) => Box::new(v.iter()),
+            KeysValues::Paged(_, v, table) => {
+                let slots = read_slots(problem, v.dim().1, v.dim().0, table);
+                Box::new(
+                    slots
+                        .into_iter()
+                        .enumerate()
+                        .flat_map(move |(block, n)| v.slice(s![block, ..n, .., ..]).into_iter()),
+                )
+            }
+        }
+    }
+}
+
+/// Slots of each of a paged cache's `num_blocks` blocks that the call reads: the most any
+/// sequence reads of it.
+fn read_slots(problem: &Problem, block_size: usize, num_blocks: usize, table: &ArrayView2<i32>) -> Vec<usize> {
+    let mut slots = vec![0usize; num_blocks];
+    for b in 0..problem.batch() {
+        let keys = problem.sequence(b).k_len;
+        for entry in 0..keys.div_ceil(block_size) {
+            let block = table[[b, entry]] as usize;
+            slots[block] = slots[block].max((keys - entry * block_size).min(block_size));
+        }
+    }
+    slots
 }
 
 /// Elements from which a contiguous scan is split across the thread pool (a scan is bound by

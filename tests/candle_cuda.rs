@@ -1,6 +1,7 @@
 //! candle's CUDA tensors (`--features candle-cuda`, run on a GPU): every entry point equals
 //! `gpu::forward_device_seqlens` on the same data bit for bit (the same path: cu_seqlens on the
-//! device) and stays within the oracle's bound; strided views of a packed qkv tensor, bf16 and
+//! device; the paged one, the host-array paged call on the GPU) and stays within the oracle's
+//! bound; strided views of a packed qkv tensor, bf16 and
 //! f16, a candle device with its own stream; bad arguments give candle errors, and cu_seqlens
 //! that break a rule give NaN. Without a CUDA device each test says so and passes.
 
@@ -160,6 +161,59 @@ fn every_entry_point<T: Element + candle_core::WithDType + bytemuck::Pod>(device
     let out =
         flash_attn_varlen_cpu(&q, &k, &v, None, &lengths, &lengths, longest, longest, scale, true, None, None).unwrap();
     check(&out, &inputs, &causal, "flash_attn_varlen_cpu (lengths)");
+
+    // A paged cache of 16-token blocks, each sequence's blocks in reverse order: the same bits
+    // as the host-array paged call on the GPU (the same plan), within the oracle's bound.
+    let [q_host, k_host, v_host] = &inputs;
+    let block_size = 16;
+    let per_sequence: Vec<usize> = LENGTHS.iter().map(|l| l.div_ceil(block_size)).collect();
+    let blocks: usize = per_sequence.iter().sum();
+    let columns = *per_sequence.iter().max().unwrap();
+    let mut table = ndarray::Array2::<i32>::zeros((LENGTHS.len(), columns));
+    let (mut k_cache, mut v_cache) = (
+        ndarray::Array4::<T>::from_elem((blocks, block_size, 2, 72), T::from_f32(0.0)),
+        ndarray::Array4::<T>::from_elem((blocks, block_size, 2, 72), T::from_f32(0.0)),
+    );
+    let mut first_block = 0;
+    for (b, &n) in per_sequence.iter().enumerate() {
+        for e in 0..n {
+            let block = first_block + n - 1 - e;
+            table[[b, e]] = block as i32;
+            for slot in 0..block_size.min(LENGTHS[b] - e * block_size) {
+                let token = cu[b] as usize + e * block_size + slot;
+                k_cache.slice_mut(ndarray::s![block, slot, .., ..]).assign(&k_host.slice(ndarray::s![token, .., ..]));
+                v_cache.slice_mut(ndarray::s![block, slot, .., ..]).assign(&v_host.slice(ndarray::s![token, .., ..]));
+            }
+        }
+        first_block += n;
+    }
+    let cache_tensor =
+        |a: &ndarray::Array4<T>| Tensor::from_vec(a.iter().copied().collect::<Vec<T>>(), a.dim(), device).unwrap();
+    let table_u32: Vec<u32> = table.iter().map(|&x| x as u32).collect();
+    let table_tensor = Tensor::from_vec(table_u32, table.dim(), device).unwrap();
+    let out = flash_attn_varlen_paged_windowed(
+        &q,
+        &cache_tensor(&k_cache),
+        &cache_tensor(&v_cache),
+        &table_tensor,
+        &seqlens,
+        &seqlens,
+        longest,
+        longest,
+        scale,
+        Some(40),
+        Some(3),
+    )
+    .unwrap();
+    let got: Vec<T> = out.flatten_all().unwrap().to_vec1::<T>().unwrap();
+    let kv = varlen_attn::PagedKv { k_cache: k_cache.view(), v_cache: v_cache.view(), block_table: table.view() };
+    let on_gpu = Params { backend: varlen_attn::Backend::Gpu, ..windowed.clone() };
+    let expected = varlen_attn::forward_paged(q_host.view(), &kv, &cu, &cu, &on_gpu).unwrap();
+    assert_eq!(bits(&got), bits(expected.as_slice().unwrap()), "flash_attn_varlen_paged_windowed");
+    let report = oracle::reference_paged(q_host.view(), &kv, &cu, &cu, &windowed)
+        .unwrap()
+        .compare(Array3::from_shape_vec(q_host.dim(), got).unwrap().view());
+    assert!(report.worst.is_none(), "flash_attn_varlen_paged_windowed: {report}");
 }
 
 #[test]
@@ -218,10 +272,17 @@ fn bad_arguments_give_candle_errors_naming_them() {
     let wide = Tensor::ones((10, 2, 68), DType::BF16, &device).unwrap();
     let shifted = wide.narrow(2, 4, 64).unwrap();
     assert!(message(flash_attn_varlen(&shifted, &x, &x, &cu, &cu, 10, 10, 0.1, false)).contains("16 bytes"));
-    let table = Tensor::new(&[[0u32]], &device).unwrap();
+    // Paged caches: a block table entry that names no block, a cache on the CPU, a cache of
+    // the wrong rank.
     let cache = Tensor::ones((1, 16, 2, 64), DType::BF16, &device).unwrap();
-    let paged = flash_attn_varlen_paged_windowed(&x, &cache, &cache, &table, &cu, &cu, 10, 10, 0.1, None, None);
-    assert!(message(paged).contains("paged caches run on CPU tensors"));
+    let paged = |table: &Tensor, k_cache: &Tensor| {
+        message(flash_attn_varlen_paged_windowed(&x, k_cache, &cache, table, &cu, &cu, 10, 10, 0.1, None, None))
+    };
+    let good = Tensor::new(&[[0u32]], &device).unwrap();
+    assert!(paged(&Tensor::new(&[[1u32]], &device).unwrap(), &cache).contains("block_table[0, 0] = 1"));
+    let cpu_cache = Tensor::ones((1, 16, 2, 64), DType::BF16, &Device::Cpu).unwrap();
+    assert!(paged(&good, &cpu_cache).contains("k_cache is on"));
+    assert!(paged(&good, &x).contains("k_cache"));
 }
 
 /// cu_seqlens that break a rule (checked on the device): the output is NaN, not a result.

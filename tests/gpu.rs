@@ -646,3 +646,125 @@ fn alibi_and_sinks_with_device_seqlens_and_graphs() {
     device.synchronize().unwrap();
     assert_same_bits(&device.download(&replayed).unwrap(), &out_device, "graph replay: outputs");
 }
+
+/// A random paged cache of `blocks` blocks of `block_size` tokens holding the keys (or values)
+/// of sequences of `k_lengths`, each sequence's blocks drawn in a shuffled order (the last
+/// sequence shares the first one's first block when both have keys: prefix caching), with its
+/// block table.
+fn paged_cache<T: varlen_attn::Element + Copy>(
+    rng: &mut common::Rng,
+    k_lengths: &[usize],
+    block_size: usize,
+    kv_heads: usize,
+    dims: usize,
+) -> (ndarray::Array4<T>, ndarray::Array4<T>, ndarray::Array2<i32>) {
+    let per_sequence: Vec<usize> = k_lengths.iter().map(|l| l.div_ceil(block_size)).collect();
+    let blocks = per_sequence.iter().sum::<usize>() + 3;
+    let columns = per_sequence.iter().max().copied().unwrap_or(0).max(1) + 1;
+    // A permutation of the blocks: sequence b takes the next per_sequence[b] of it.
+    let mut order: Vec<i32> = (0..blocks as i32).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.below(i + 1));
+    }
+    let mut table = ndarray::Array2::from_elem((k_lengths.len(), columns), -1);
+    let mut next = 0;
+    for (b, &n) in per_sequence.iter().enumerate() {
+        for e in 0..n {
+            table[[b, e]] = order[next];
+            next += 1;
+        }
+    }
+    let last = k_lengths.len() - 1;
+    if last > 0 && per_sequence[0] > 0 && per_sequence[last] > 0 {
+        table[[last, 0]] = table[[0, 0]];
+    }
+    let cache = |rng: &mut common::Rng| {
+        let rows = uniform::<T>(rng, (blocks * block_size, kv_heads, dims), 2.0);
+        rows.into_shape_with_order((blocks, block_size, kv_heads, dims)).unwrap()
+    };
+    (cache(rng), cache(rng), table)
+}
+
+/// Paged K/V on the GPU against the oracle, output and LSE: block sizes from 1 to 256 (and
+/// ones that divide no tile), prefill and decode batches (with an empty key sequence and a
+/// shared block), GQA, head dims 64, 72 and 128, masks, soft-cap, ALiBi and sinks, bf16 and
+/// f16; and the device-resident call, bit for bit the host-array one.
+#[test]
+fn paged_caches_on_the_gpu_match_the_oracle() {
+    let Some(device) = device() else { return };
+    let mut rng = common::Rng::new(31);
+    let heads = 8;
+    let slopes: Vec<f32> = (0..heads).map(|h| 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32)).collect();
+    let sinks: Vec<f32> = (0..heads).map(|h| h as f32 * 0.5 - 2.0).collect();
+    let gpu = |p: Params| Params { backend: Backend::Gpu, ..p };
+    let cases = [
+        gpu(Params::default()),
+        gpu(Params { causal: true, ..Params::default() }),
+        gpu(Params { window_left: Some(100), softcap: Some(20.0), ..Params::default() }),
+        gpu(Params { alibi_slopes: Some(slopes), sinks: Some(sinks), causal: true, ..Params::default() }),
+    ];
+    // (query lengths, key lengths, head_dim, block sizes)
+    type Batch<'a> = (&'a [usize], &'a [usize], usize, &'a [usize]);
+    let batches: [Batch; 4] = [
+        (&[300, 77, 5, 1000], &[300, 0, 40, 1000], 72, &[16, 1, 256]),
+        (&[1; 6], &[5000, 17, 1, 2048, 300, 999], 128, &[32, 3, 128]),
+        (&[4, 4, 4], &[900, 64, 130], 64, &[64, 5]),
+        (&[700, 1], &[700, 33], 72, &[48]),
+    ];
+    for (q_lengths, k_lengths, head_dim, block_sizes) in batches {
+        let (cu_q, cu_k) = (common::cu_seqlens(q_lengths), common::cu_seqlens(k_lengths));
+        let tq = *cu_q.last().unwrap() as usize;
+        let q = uniform::<bf16>(&mut rng, (tq, heads, head_dim), 2.0);
+        for &block_size in block_sizes {
+            let (k_cache, v_cache, table) = paged_cache::<bf16>(&mut rng, k_lengths, block_size, 2, head_dim);
+            let kv =
+                varlen_attn::PagedKv { k_cache: k_cache.view(), v_cache: v_cache.view(), block_table: table.view() };
+            for p in &cases {
+                let what = format!("{q_lengths:?}/{k_lengths:?} d {head_dim}, blocks of {block_size}, {p:?}");
+                let (out, lse) = varlen_attn::forward_paged_with_lse(q.view(), &kv, &cu_q, &cu_k, p).unwrap();
+                let reference = oracle::reference_paged(q.view(), &kv, &cu_q, &cu_k, p).unwrap();
+                let report = reference.compare(out.view());
+                assert!(report.worst.is_none(), "{what}: {report}");
+                let report = reference.compare_lse(lse.view());
+                assert!(report.worst.is_none(), "{what}: LSE {report}");
+            }
+            // The device-resident call on the same cache: the same bits.
+            let rows = |c: &ndarray::Array4<bf16>| device.upload(c.as_slice().unwrap()).unwrap();
+            let (kb, vb, qb) = (rows(&k_cache), rows(&v_cache), device.upload(q.as_slice().unwrap()).unwrap());
+            let cache_rows = [k_cache.dim().0 * block_size, 2, head_dim];
+            let device_kv = varlen_attn::gpu::DevicePagedKv {
+                k_cache: DeviceTensor::new(&kb, cache_rows).unwrap(),
+                v_cache: DeviceTensor::new(&vb, cache_rows).unwrap(),
+                block_size,
+                block_table: table.view(),
+            };
+            let mut out = device.zeros::<bf16>(q.len()).unwrap();
+            let shape = [tq, heads, head_dim];
+            varlen_attn::gpu::forward_device_paged(
+                &device,
+                DeviceTensor::new(&qb, shape).unwrap(),
+                &device_kv,
+                &cu_q,
+                &cu_k,
+                &cases[1],
+                DeviceTensorMut::new(&mut out, shape).unwrap(),
+                None,
+            )
+            .unwrap();
+            let host = varlen_attn::forward_paged(q.view(), &kv, &cu_q, &cu_k, &cases[1]).unwrap();
+            assert_same_bits(&device.download(&out).unwrap(), host.as_slice().unwrap(), "device paged call");
+        }
+    }
+    // f16, and a cache whose blocks are strided views (staged into rows first).
+    let (q_lengths, k_lengths) = ([3usize, 200], [3000usize, 200]);
+    let (cu_q, cu_k) = (common::cu_seqlens(&q_lengths), common::cu_seqlens(&k_lengths));
+    let q = uniform::<f16>(&mut rng, (203, heads, 72), 2.0);
+    let (k_cache, v_cache, table) = paged_cache::<f16>(&mut rng, &k_lengths, 16, 2, 80);
+    let (k_view, v_view) = (k_cache.slice(ndarray::s![.., .., .., ..72]), v_cache.slice(ndarray::s![.., .., .., ..72]));
+    let kv = varlen_attn::PagedKv { k_cache: k_view, v_cache: v_view, block_table: table.view() };
+    for p in &cases {
+        let out = varlen_attn::forward_paged(q.view(), &kv, &cu_q, &cu_k, p).unwrap();
+        let report = oracle::reference_paged(q.view(), &kv, &cu_q, &cu_k, p).unwrap().compare(out.view());
+        assert!(report.worst.is_none(), "f16 strided cache, {p:?}: {report}");
+    }
+}

@@ -6,7 +6,7 @@
 
 use super::{check_like_q, error, Result};
 use crate::gpu::check_layout;
-use crate::gpu::plan::{Operand, Operands};
+use crate::gpu::plan::{Operand, Operands, Paging};
 use crate::gpu::Device as Gpu;
 use crate::problem::Problem;
 use crate::Params;
@@ -120,12 +120,128 @@ fn typed<T: crate::Element + CudaDType + DeviceRepr>(
     // (`seqlens_address`); `out` and `lse` are new allocations of the problem's sizes. All are
     // memory of this stream's context, and the read and write guards order the queued work
     // with candle's other uses of the buffers (where candle tracks them with events).
-    unsafe { gpu.queue_operands(&problem, Some((batch, [cu_q, cu_k])), T::DTYPE, operands) }.map_err(error)?;
+    unsafe { gpu.queue_operands(&problem, Some((batch, [cu_q, cu_k])), None, T::DTYPE, operands) }.map_err(error)?;
     drop((out_write, lse_write));
 
     let out = tensor(CudaStorage::wrap_cuda_slice(out, device.clone()), (total_q, heads, dv));
     let lse = lse.map(|l| tensor(CudaStorage::wrap_cuda_slice(l, device.clone()), (heads, total_q)));
     Ok((out, lse))
+}
+
+/// The paged call on CUDA tensors: `k_cache` and `v_cache` read in place; the block table and
+/// cu_seqlens come from the host (checked there by `Problem::new_paged`).
+pub(super) fn run_paged(
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    table: ndarray::ArrayView2<i32>,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    params: &Params,
+) -> Result<Tensor> {
+    let Device::Cuda(device) = q.device() else { candle_core::bail!("varlen-attn: q is not a CUDA tensor") };
+    check_like_q(q, &[("k_cache", k_cache), ("v_cache", v_cache)])?;
+    match q.dtype() {
+        DType::BF16 => paged_typed::<half::bf16>(device, q, k_cache, v_cache, table, cu_q, cu_k, params),
+        DType::F16 => paged_typed::<half::f16>(device, q, k_cache, v_cache, table, cu_q, cu_k, params),
+        other => candle_core::bail!(
+            "varlen-attn: CUDA tensors must be bf16 or f16 (the tensor cores' operands), got {other:?}; f32 runs on CPU tensors"
+        ),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn paged_typed<T: crate::Element + CudaDType + DeviceRepr>(
+    device: &CudaDevice,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    table: ndarray::ArrayView2<i32>,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    params: &Params,
+) -> Result<Tensor> {
+    let q_shape = match *q.dims() {
+        [a, b, c] => [a, b, c],
+        _ => {
+            return Err(error(crate::Error::Rank {
+                arg: "q",
+                expected: 3,
+                got: q.rank(),
+                layout: crate::layout_of("q"),
+            }))
+        }
+    };
+    let cache_shape = |arg: &'static str, t: &Tensor| -> Result<[usize; 4]> {
+        match *t.dims() {
+            [a, b, c, d] => Ok([a, b, c, d]),
+            _ => Err(error(crate::Error::Rank { arg, expected: 4, got: t.rank(), layout: crate::layout_of(arg) })),
+        }
+    };
+    let (k_shape, v_shape) = (cache_shape("k_cache", k_cache)?, cache_shape("v_cache", v_cache)?);
+    let problem = Problem::new_paged(q_shape, k_shape, v_shape, table, cu_q, cu_k, params).map_err(error)?;
+    crate::gpu::check_modifiers(&problem).map_err(error)?;
+    let (total_q, heads, dv) = (q_shape[0], q_shape[1], v_shape[3]);
+    if total_q * heads * dv == 0 {
+        return Tensor::zeros((total_q, heads, dv), q.dtype(), q.device());
+    }
+    let gpu = gpu_of(device)?;
+    let stream = device.cuda_stream();
+    // SAFETY: every element is written by the kernel before it is read (each row of each
+    // sequence; cu_seqlens from the host were checked).
+    let mut out = unsafe { device.alloc::<T>(total_q * heads * dv) }?;
+    let (q_storage, q_layout) = q.storage_and_layout();
+    let (k_storage, k_layout) = k_cache.storage_and_layout();
+    let (v_storage, v_layout) = v_cache.storage_and_layout();
+    let (q_op, _q_read) = operand::<T>("q", &q_storage, q_layout, &stream)?;
+    let (k_op, k_block_stride, _k_read) = cache_operand::<T>("k_cache", &k_storage, k_layout, &stream)?;
+    let (v_op, v_block_stride, _v_read) = cache_operand::<T>("v_cache", &v_storage, v_layout, &stream)?;
+    let (out_address, out_write) = out.device_ptr_mut(&stream);
+    let out_op = Operand { address: out_address, token_stride: heads * dv, head_stride: dv };
+    let operands = Operands { q: q_op, k: k_op, v: v_op, out: out_op, lse: 0 };
+    let paging = Paging { block_size: k_shape[1], k_block_stride, v_block_stride };
+    let flat: Vec<i32> = table.iter().copied().collect();
+    // SAFETY: q addresses candle's live storage of its layout (`operand`), the caches theirs,
+    // every block of their shapes at their strides (`cache_operand`); the block table names
+    // only those blocks (`Problem::new_paged`); `out` is a new allocation of the problem's
+    // size. All are memory of this stream's context, ordered by the read and write guards.
+    unsafe { gpu.queue_operands(&problem, None, Some((paging, &flat, table.ncols())), T::DTYPE, operands) }
+        .map_err(error)?;
+    drop(out_write);
+    Ok(tensor(CudaStorage::wrap_cuda_slice(out, device.clone()), (total_q, heads, dv)))
+}
+
+/// A paged cache `[num_blocks, block_size, heads, dims]` as an operand (one block's
+/// `[block_size, heads, dims]` strides) and its block stride, checked to lie in its storage.
+fn cache_operand<'a, T: CudaDType + 'a>(
+    arg: &'static str,
+    storage: &'a Storage,
+    layout: &Layout,
+    stream: &'a CudaStream,
+) -> Result<(Operand, usize, SyncOnDrop<'a>)> {
+    let Storage::Cuda(cuda) = storage else { candle_core::bail!("varlen-attn: {arg} is not a CUDA tensor") };
+    let (dims, strides) = (layout.dims(), layout.stride());
+    let [blocks, block_size, heads, d] = [dims[0], dims[1], dims[2], dims[3]];
+    if strides[3] != 1 && d > 1 {
+        candle_core::bail!("varlen-attn: {arg}'s last dimension must be contiguous, got strides {strides:?}");
+    }
+    let align = 16 / size_of::<T>();
+    let (block_stride, start) = (strides[0], layout.start_offset());
+    if !start.is_multiple_of(align) || !block_stride.is_multiple_of(align) {
+        candle_core::bail!(
+            "varlen-attn: {arg}'s offset {start} and block stride {block_stride} must be multiples of {align} elements (16 bytes) on the GPU"
+        );
+    }
+    let slice = T::as_cuda_slice(cuda)?;
+    // The last block's rows must fit after the others' starts.
+    let last_block = blocks.saturating_sub(1) * block_stride;
+    let after_last = slice.len().saturating_sub(start).saturating_sub(last_block);
+    if blocks > 0 && last_block + start > slice.len() {
+        candle_core::bail!("varlen-attn: {arg}'s layout reaches past its storage");
+    }
+    check_layout(arg, after_last, [block_size, heads, d], strides[1], strides[2], size_of::<T>()).map_err(error)?;
+    let (address, read) = slice_address(slice, start, 0, arg, stream)?;
+    Ok((Operand { address, token_stride: strides[1], head_stride: strides[2] }, block_stride, read))
 }
 
 fn tensor<S: Into<candle_core::Shape>>(storage: CudaStorage, shape: S) -> Tensor {

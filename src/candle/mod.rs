@@ -244,7 +244,9 @@ pub fn flash_attn_varlen_cpu(
 /// [`flash_attn_varlen_windowed`] with `k_cache [num_blocks, block_size, num_kv_heads,
 /// head_dim]`, `v_cache` likewise, and `block_table [batch, max_blocks]` (u32, i64 or i32);
 /// each sequence's key count comes from `seqlens_k` (cumulative, `batch + 1` entries). Any block
-/// size; see [`crate::forward_paged`].
+/// size; see [`crate::forward_paged`]. On CUDA tensors (`candle-cuda`) the caches are read in
+/// place; the block table and the seqlens are read to the host, where they are checked, and
+/// travel back with the launch (a synchronization the packed calls do not have).
 ///
 /// ```
 /// use candle_core::{Device, Tensor};
@@ -281,14 +283,6 @@ pub fn flash_attn_varlen_paged_windowed(
         window_right: window_size_right,
         ..cpu()
     };
-    for (arg, t) in [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table)] {
-        if !t.device().is_cpu() {
-            candle_core::bail!(
-                "varlen-attn: {arg} is on {:?}: paged caches run on CPU tensors (the GPU kernel reads packed K and V only)",
-                t.device()
-            );
-        }
-    }
     if block_table.rank() != 2 {
         candle_core::bail!(
             "varlen-attn: block_table must have rank 2 [batch, max_blocks], got shape {:?}",
@@ -299,6 +293,9 @@ pub fn flash_attn_varlen_paged_windowed(
     let table = cumulative("block_table", &block_table.flatten_all()?)?;
     let table = ndarray::Array2::from_shape_vec((rows, columns), table).expect("sized by its dims");
     let (cu_q, cu_k) = (cumulative("seqlens_q", seqlens_q)?, cumulative("seqlens_k", seqlens_k)?);
+    if q.device().is_cuda() {
+        return on_cuda_paged(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params);
+    }
     cpu::run_paged(q, k_cache, v_cache, table.view(), &cu_q, &cu_k, &params)
 }
 
@@ -401,7 +398,24 @@ fn with_cumulative(
 }
 
 #[cfg(feature = "candle-cuda")]
-use cuda::run as on_cuda;
+use cuda::{run as on_cuda, run_paged as on_cuda_paged};
+
+/// Without the `candle-cuda` feature, CUDA tensors are refused.
+#[cfg(not(feature = "candle-cuda"))]
+fn on_cuda_paged(
+    q: &Tensor,
+    _: &Tensor,
+    _: &Tensor,
+    _: ndarray::ArrayView2<i32>,
+    _: &[i32],
+    _: &[i32],
+    _: &Params,
+) -> Result<Tensor> {
+    candle_core::bail!(
+        "varlen-attn: q is on {:?}: CUDA tensors need the `candle-cuda` feature (see the README's candle section)",
+        q.device()
+    )
+}
 
 /// Without the `candle-cuda` feature, CUDA tensors are refused.
 #[cfg(not(feature = "candle-cuda"))]

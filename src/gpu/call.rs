@@ -6,6 +6,7 @@ use crate::element::Element;
 use crate::error::Error;
 use crate::params::Params;
 use crate::problem::Problem;
+use ndarray::ArrayView2;
 
 /// Attention on tensors already in device memory, queued on `device`'s stream (it returns
 /// before the GPU finishes; [`Device::download`] and [`Device::synchronize`] wait). Same
@@ -117,6 +118,91 @@ pub fn forward_device_seqlens<T: Element>(
     check_modifiers(&problem)?;
     check_outputs(&problem, &out, lse.as_deref())?;
     device.run_with_device_seqlens(&problem, [cu_seqlens_q, cu_seqlens_k], &q, &k, &v, out, lse)
+}
+
+/// A paged K/V cache in device memory, for [`forward_device_paged`]: the device twin of
+/// [`crate::PagedKv`].
+///
+/// `k_cache` and `v_cache` are the caches `[num_blocks, block_size, num_kv_heads, head_dim]`
+/// (and `head_dim_v`) seen as `num_blocks · block_size` token rows, as a contiguous cache
+/// (or a layer's slice of one) is: token `t` of block `b` is row `b · block_size + t`.
+/// `block_table [batch, max_blocks]` stays on the host, where it is checked, and travels to
+/// the device with the call's other metadata (`batch · max_blocks` i32).
+pub struct DevicePagedKv<'a, T> {
+    /// Keys, `[num_blocks · block_size, num_kv_heads, head_dim]`.
+    pub k_cache: DeviceTensor<'a, T>,
+    /// Values, `[num_blocks · block_size, num_kv_heads, head_dim_v]`.
+    pub v_cache: DeviceTensor<'a, T>,
+    /// Tokens per block (at least 1; it divides the caches' rows).
+    pub block_size: usize,
+    /// `[batch, max_blocks]`: each sequence's blocks, in order.
+    pub block_table: ArrayView2<'a, i32>,
+}
+
+/// [`forward_device`] with the keys and values in a paged cache in device memory, as
+/// [`crate::forward_paged`] takes them on the host: key `j` of sequence `b` is slot
+/// `j % block_size` of block `block_table[b, j / block_size]`, and `cu_seqlens_k` gives each
+/// sequence's key count. Any block size; blocks may be shared between sequences.
+///
+/// ```no_run
+/// use half::bf16;
+/// use ndarray::Array2;
+/// use varlen_attn::gpu::{forward_device_paged, Device, DevicePagedKv, DeviceTensor, DeviceTensorMut};
+/// let device = Device::open(0)?;
+/// // A cache of 4 blocks of 16 tokens; one sequence of 20 keys in blocks 3 and 1; 2 queries.
+/// let cache = device.upload(&vec![bf16::from_f32(0.5); 4 * 16 * 2 * 64])?;
+/// let q = device.upload(&vec![bf16::from_f32(0.5); 2 * 2 * 64])?;
+/// let mut out = device.zeros::<bf16>(2 * 2 * 64)?;
+/// let table = Array2::from_shape_vec((1, 2), vec![3, 1]).unwrap();
+/// let kv = DevicePagedKv {
+///     k_cache: DeviceTensor::new(&cache, [64, 2, 64])?,
+///     v_cache: DeviceTensor::new(&cache, [64, 2, 64])?,
+///     block_size: 16,
+///     block_table: table.view(),
+/// };
+/// forward_device_paged(&device, DeviceTensor::new(&q, [2, 2, 64])?, &kv, &[0, 2], &[0, 20],
+///                      &Default::default(), DeviceTensorMut::new(&mut out, [2, 2, 64])?, None)?;
+/// assert_eq!(device.download(&out)?[0], bf16::from_f32(0.5));
+/// # Ok::<(), varlen_attn::Error>(())
+/// ```
+///
+/// # Errors
+/// As [`forward_device`] and [`crate::forward_paged`] (shapes named `k_cache`, `v_cache`,
+/// `block_table`); [`Error::Param`] for a `block_size` of 0 or one that does not divide the
+/// caches' rows.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_device_paged<T: Element>(
+    device: &Device,
+    q: DeviceTensor<T>,
+    kv: &DevicePagedKv<T>,
+    cu_seqlens_q: &[i32],
+    cu_seqlens_k: &[i32],
+    params: &Params,
+    out: DeviceTensorMut<T>,
+    lse: Option<&mut DeviceBuffer<f32>>,
+) -> Result<(), Error> {
+    let block_size = kv.block_size;
+    let rows = kv.k_cache.shape[0];
+    if block_size == 0 || !rows.is_multiple_of(block_size) || kv.v_cache.shape[0] != rows {
+        return Err(Error::Param {
+            name: "block_size",
+            value: block_size.to_string(),
+            reason: "must be at least 1 and divide the rows of k_cache and v_cache, which must be as many",
+        });
+    }
+    let cache = |t: &DeviceTensor<T>| [rows / block_size, block_size, t.shape[1], t.shape[2]];
+    let problem = Problem::new_paged(
+        q.shape,
+        cache(&kv.k_cache),
+        cache(&kv.v_cache),
+        kv.block_table.view(),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        params,
+    )?;
+    check_modifiers(&problem)?;
+    check_outputs(&problem, &out, lse.as_deref())?;
+    device.run_paged(&problem, &q, kv, out, lse)
 }
 
 /// Room for ALiBi's coefficients and the attention sinks in the kernel's parameter block (so

@@ -1,6 +1,7 @@
 //! The NVIDIA runtime: the CUDA driver and NVRTC, both opened at run time through cudarc (so the
 //! crate builds with no CUDA toolkit), kernels compiled per variant and cached.
 
+use super::pinned::PinnedRing;
 use super::plan::{KernelParams, Target, Variant};
 use super::runtime::{Dims, Entry, KernelCache, Runtime, StatusFlag};
 use super::source;
@@ -12,7 +13,8 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
 };
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 // SAFETY: `KernelParams` is `#[repr(C)]` plain data (integers and floats) matching the kernel's
 // parameter struct, so its bytes are a valid kernel argument.
@@ -100,6 +102,8 @@ pub(crate) struct CudaDevice {
     /// The key splits' counters, zeroed when allocated, kept between calls.
     split_counters: Workspace<CudaSlice<u8>>,
     status: StatusFlag<CudaSlice<u8>>,
+    /// The host-array call's page-locked staging, allocated on first use.
+    pinned: Mutex<Option<PinnedRing>>,
 }
 
 fn gpu_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -166,6 +170,7 @@ impl CudaDevice {
             workspace: Workspace::new(),
             split_counters: Workspace::new(),
             status: StatusFlag::new(),
+            pinned: Mutex::new(None),
         })
     }
 
@@ -259,6 +264,46 @@ impl Runtime for CudaDevice {
 
     fn address(&self, buffer: &CudaSlice<u8>) -> u64 {
         buffer.device_ptr(&self.stream).0
+    }
+
+    fn stage_in(
+        &self,
+        buffer: &mut CudaSlice<u8>,
+        len: usize,
+        fill: &mut dyn FnMut(Range<usize>, &mut [u8]),
+    ) -> Result<(), Error> {
+        assert!(len <= buffer.len(), "staging past the buffer");
+        let mut ring = self.pinned.lock().map_err(|_| Error::Gpu("the staging lock was poisoned by a panic".into()))?;
+        if ring.is_none() {
+            *ring = Some(PinnedRing::new(&self.stream)?);
+        }
+        let dst = self.address(buffer);
+        // SAFETY: `buffer` holds at least `len` bytes (asserted) and is borrowed mutably for the
+        // call; it is freed stream-ordered, after the copies.
+        unsafe { ring.as_mut().expect("set above").copy_in(&self.stream, dst, len, fill) }
+    }
+
+    fn stage_out(
+        &self,
+        buffer: &CudaSlice<u8>,
+        len: usize,
+        drain: &mut dyn FnMut(Range<usize>, &[u8]),
+    ) -> Result<(), Error> {
+        assert!(len <= buffer.len(), "staging past the buffer");
+        let mut ring = self.pinned.lock().map_err(|_| Error::Gpu("the staging lock was poisoned by a panic".into()))?;
+        if ring.is_none() {
+            *ring = Some(PinnedRing::new(&self.stream)?);
+        }
+        let src = self.address(buffer);
+        // SAFETY: `buffer` holds at least `len` bytes (asserted) and outlives this call, which
+        // waits for every copy.
+        unsafe { ring.as_mut().expect("set above").copy_out(&self.stream, src, len, drain) }
+    }
+
+    fn release_staging(&self) {
+        if let Ok(mut ring) = self.pinned.lock() {
+            *ring = None;
+        }
     }
 
     fn synchronize(&self) -> Result<(), Error> {

@@ -1,10 +1,11 @@
 //! A GPU of either vendor behind one `Device`, and the device-resident run of a validated
 //! problem: the tensors' addresses into a plan, the plan through the vendor's runtime.
 
+use super::call::DevicePagedKv;
 use super::cuda::CudaDevice;
 use super::hip::HipDevice;
-use super::memory::{buffer_of, upload_to, Raw};
-use super::plan::{Gpu, Operand, Operands, Plan};
+use super::memory::{self, buffer_of, upload_to, Raw};
+use super::plan::{Gpu, Operand, Operands, Paging, Plan};
 use super::runtime::{self, Runtime};
 use super::tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
 use super::tuning::Tuning;
@@ -28,7 +29,13 @@ pub struct Device {
     runtime: Vendor,
     /// Tells this device's buffers from any other's (unique per opened device).
     id: u64,
+    /// The host-array call's device buffers (q, k, v, out, lse), kept between calls and
+    /// grown to the largest call's sizes (`Device::release_staging` frees them).
+    staged: std::sync::Mutex<[Option<Raw>; STAGED_BUFFERS]>,
 }
+
+/// Device buffers the host-array call keeps: q, k, v, out, lse.
+const STAGED_BUFFERS: usize = 5;
 
 /// The vendor's runtime of a [`Device`].
 enum Vendor {
@@ -59,9 +66,9 @@ impl Device {
             other => other.to_string(),
         };
         match CudaDevice::open(ordinal) {
-            Ok(d) => Ok(Device { runtime: Vendor::Cuda(d), id }),
+            Ok(d) => Ok(Device { runtime: Vendor::Cuda(d), id, staged: Default::default() }),
             Err(cuda) => match HipDevice::open(ordinal) {
-                Ok(d) => Ok(Device { runtime: Vendor::Hip(d), id }),
+                Ok(d) => Ok(Device { runtime: Vendor::Hip(d), id, staged: Default::default() }),
                 Err(hip) => Err(Error::NoDevice(format!("{}; {}", text(cuda), text(hip)))),
             },
         }
@@ -71,7 +78,7 @@ impl Device {
     /// context's settings as they are.
     #[cfg(feature = "candle-cuda")]
     pub(crate) fn on_cuda_stream(stream: std::sync::Arc<cudarc::driver::CudaStream>) -> Result<Device, Error> {
-        Ok(Device { runtime: Vendor::Cuda(CudaDevice::on_stream(stream)?), id: next_id() })
+        Ok(Device { runtime: Vendor::Cuda(CudaDevice::on_stream(stream)?), id: next_id(), staged: Default::default() })
     }
 
     /// The GPU's name.
@@ -127,6 +134,77 @@ impl Device {
 
     /// Buffers are used on the device (and stream) that allocated them only: another
     /// device's queue would not wait for the work queued on theirs.
+    /// Host-array staging: device buffer `slot` (0 to 4: q, k, v, out, lse) of at least `len`
+    /// elements, kept from an earlier call when large enough; give it back with
+    /// [`Device::keep_staged`].
+    pub(super) fn staged_buffer<T>(&self, slot: usize, len: usize) -> Result<DeviceBuffer<T>, Error> {
+        let bytes = (len * core::mem::size_of::<T>()).max(1);
+        let mut staged =
+            self.staged.lock().map_err(|_| Error::Gpu("the staging lock was poisoned by a panic".into()))?;
+        let kept = staged[slot].take().filter(|raw| self.raw_len(raw) >= bytes);
+        drop(staged);
+        let raw = match kept {
+            Some(raw) => raw,
+            None => on_runtime!(self, r => r.alloc(bytes).map(|b| memory::wrap(r, b))?),
+        };
+        Ok(DeviceBuffer { raw, owner: self.id, len, _element: PhantomData })
+    }
+
+    /// Keeps a buffer of [`Device::staged`] for the next host-array call.
+    pub(super) fn keep_staged<T>(&self, slot: usize, buffer: DeviceBuffer<T>) {
+        if let Ok(mut staged) = self.staged.lock() {
+            staged[slot] = Some(buffer.raw);
+        }
+    }
+
+    fn raw_len(&self, raw: &Raw) -> usize {
+        on_runtime!(self, r => buffer_of(r, raw).map_or(0, |b| memory::byte_len(r, b)))
+    }
+
+    /// Overwrites `buffer` with the elements `fill(range, chunk)` writes for each range of its
+    /// first `len` elements (through page-locked staging where the runtime has it).
+    pub(super) fn stage_in<T: bytemuck::Pod>(
+        &self,
+        buffer: &mut DeviceBuffer<T>,
+        len: usize,
+        fill: &mut dyn FnMut(core::ops::Range<usize>, &mut [T]),
+    ) -> Result<(), Error> {
+        self.check_owner(buffer)?;
+        let size = core::mem::size_of::<T>();
+        let mut bytes = |range: core::ops::Range<usize>, chunk: &mut [u8]| {
+            fill(range.start / size..range.end / size, bytemuck::cast_slice_mut(chunk))
+        };
+        match (&self.runtime, &mut buffer.raw) {
+            (Vendor::Cuda(r), Raw::Cuda(b)) => r.stage_in(b, len * size, &mut bytes),
+            (Vendor::Hip(r), Raw::Hip(b)) => r.stage_in(b, len * size, &mut bytes),
+            _ => Err(Error::Gpu("the buffer belongs to another kind of device".into())),
+        }
+    }
+
+    /// The first `len` elements of `buffer` after the queued work, handed to
+    /// `drain(range, chunk)` range by range, in order.
+    pub(super) fn stage_out<T: bytemuck::Pod>(
+        &self,
+        buffer: &DeviceBuffer<T>,
+        len: usize,
+        drain: &mut dyn FnMut(core::ops::Range<usize>, &[T]),
+    ) -> Result<(), Error> {
+        self.check_owner(buffer)?;
+        let size = core::mem::size_of::<T>();
+        let mut bytes = |range: core::ops::Range<usize>, chunk: &[u8]| {
+            drain(range.start / size..range.end / size, bytemuck::cast_slice(chunk))
+        };
+        on_runtime!(self, r => r.stage_out(buffer_of(r, &buffer.raw)?, len * size, &mut bytes))
+    }
+
+    /// Frees the host-array call's device buffers and page-locked memory ([`release_staging`]).
+    fn release_staging(&self) {
+        if let Ok(mut staged) = self.staged.lock() {
+            *staged = Default::default();
+        }
+        on_runtime!(self, r => r.release_staging());
+    }
+
     fn check_owner<T>(&self, buffer: &DeviceBuffer<T>) -> Result<(), Error> {
         if buffer.owner == self.id {
             Ok(())
@@ -156,7 +234,27 @@ impl Device {
         out: DeviceTensorMut<T>,
         lse: Option<&mut DeviceBuffer<f32>>,
     ) -> Result<(), Error> {
-        self.queue(problem, None, q, k, v, out, lse)
+        self.queue(problem, None, None, q, k, v, out, lse)
+    }
+
+    /// [`Device::run`] with the keys and values in a paged cache (`problem` validated against
+    /// `kv`'s shapes and block table).
+    pub(super) fn run_paged<T: Element>(
+        &self,
+        problem: &Problem,
+        q: &DeviceTensor<T>,
+        kv: &DevicePagedKv<T>,
+        out: DeviceTensorMut<T>,
+        lse: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<(), Error> {
+        let (k, v) = (&kv.k_cache, &kv.v_cache);
+        let paging = Paging {
+            block_size: kv.block_size,
+            k_block_stride: kv.block_size * k.token_stride,
+            v_block_stride: kv.block_size * v.token_stride,
+        };
+        let table: Vec<i32> = kv.block_table.iter().copied().collect();
+        self.queue(problem, None, Some((paging, &table, kv.block_table.ncols())), q, k, v, out, lse)
     }
 
     /// Queues a problem whose cu_seqlens are on this device (`problem`: the call as one
@@ -174,7 +272,7 @@ impl Device {
     ) -> Result<(), Error> {
         let batch = cu_seqlens[0].len() - 1;
         let addresses = [self.address(cu_seqlens[0])?, self.address(cu_seqlens[1])?];
-        self.queue(problem, Some((batch, addresses)), q, k, v, out, lse)
+        self.queue(problem, Some((batch, addresses)), None, q, k, v, out, lse)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -182,6 +280,7 @@ impl Device {
         &self,
         problem: &Problem,
         device_seqlens: Option<(usize, [u64; 2])>,
+        paged: Option<(Paging, &[i32], usize)>,
         q: &DeviceTensor<T>,
         k: &DeviceTensor<T>,
         v: &DeviceTensor<T>,
@@ -198,9 +297,10 @@ impl Device {
         // SAFETY: every operand is a live buffer of this device (checked by `address`),
         // holding the shape and strides its tensor was checked against; the problem was
         // validated against those shapes (device cu_seqlens: their buffers hold batch + 1
-        // entries each). `out` and `lse` are borrowed mutably for the call, and the buffers
+        // entries each; a paged cache: its tensors hold `num_blocks` whole blocks, and the
+        // block table names only those). `out` and `lse` are borrowed mutably for the call, and the buffers
         // free stream-ordered, after the kernels.
-        unsafe { self.queue_operands(problem, device_seqlens, T::DTYPE, operands) }
+        unsafe { self.queue_operands(problem, device_seqlens, paged, T::DTYPE, operands) }
     }
 
     /// Queues a validated problem on device addresses.
@@ -209,11 +309,13 @@ impl Device {
     /// Each operand must address device memory of this device's context that holds its
     /// tensor's shape (the problem's) at its strides, stays allocated until the queued work
     /// ends, and, for `out` and `lse`, is not used by other work meanwhile; device cu_seqlens
-    /// must address `batch + 1` i32 each.
+    /// must address `batch + 1` i32 each; with `paged`, `k` and `v` must hold every block the
+    /// table names (checked by `Problem::new_paged`) at the paging's block strides.
     pub(crate) unsafe fn queue_operands(
         &self,
         problem: &Problem,
         device_seqlens: Option<(usize, [u64; 2])>,
+        paged: Option<(Paging, &[i32], usize)>,
         dtype: DType,
         operands: Operands,
     ) -> Result<(), Error> {
@@ -228,9 +330,17 @@ impl Device {
         }
         on_runtime!(self, r => {
             let gpu = Gpu { target: r.target(), multiprocessors: r.multiprocessors() };
-            let plan = match device_seqlens {
-                None => Plan::new(problem, f16, gpu, Tuning::get(), operands),
-                Some((batch, cu)) => Plan::with_device_seqlens(problem, batch, cu, f16, gpu, Tuning::get(), operands),
+            let plan = match (device_seqlens, paged) {
+                (None, None) => Plan::new(problem, f16, gpu, Tuning::get(), operands),
+                (None, Some((paging, table, columns))) => {
+                    Plan::new(problem, f16, gpu, Tuning::get(), operands).with_block_table(paging, table, columns)
+                }
+                (Some((batch, cu)), None) => {
+                    Plan::with_device_seqlens(problem, batch, cu, f16, gpu, Tuning::get(), operands)
+                }
+                (Some(_), Some(_)) => {
+                    return Err(Error::GpuUnsupported("a paged cache with cu_seqlens on the device".into()))
+                }
             };
             // SAFETY: the caller vouches for the operands (this function's contract); the
             // kernel checks device cu_seqlens' values before any block reads a tensor.
@@ -318,12 +428,32 @@ pub(super) fn f32_unsupported() -> Error {
 }
 
 /// The device `Backend::Auto` and `Backend::Gpu` use: GPU 0, opened once.
+static DEFAULT_DEVICE: std::sync::OnceLock<Result<Device, Error>> = std::sync::OnceLock::new();
+
 pub(super) fn default_device() -> Result<&'static Device, Error> {
-    static DEVICE: std::sync::OnceLock<Result<Device, Error>> = std::sync::OnceLock::new();
-    DEVICE.get_or_init(|| Device::open(0)).as_ref().map_err(Clone::clone)
+    DEFAULT_DEVICE.get_or_init(|| Device::open(0)).as_ref().map_err(Clone::clone)
+}
+
+/// Calls `f` on the default device if it was opened.
+fn static_device_if_open(f: impl FnOnce(&Device)) {
+    if let Some(Ok(device)) = DEFAULT_DEVICE.get() {
+        f(device);
+    }
 }
 
 /// Whether `Backend::Auto` should try the GPU for this element type.
+/// Frees what `forward` on host arrays with the GPU keeps between calls: the device buffers
+/// of its largest call (q, k, v, the output and the LSE) and, on NVIDIA, its 48 MiB of
+/// page-locked host memory. The next such call allocates them again. Does nothing where no
+/// host-array call has opened the GPU.
+///
+/// ```
+/// varlen_attn::gpu::release_staging();
+/// ```
+pub fn release_staging() {
+    static_device_if_open(|device| device.release_staging());
+}
+
 pub(crate) fn is_usable(dtype: DType) -> bool {
     if dtype == DType::F32 {
         return false;

@@ -216,7 +216,15 @@ fn check(what: &str, status: HipError) -> Result<(), Error> {
 /// Device memory; freed on drop.
 pub(crate) struct HipBuffer {
     pointer: *mut c_void,
+    bytes: usize,
     api: Arc<Api>,
+}
+
+impl HipBuffer {
+    /// Bytes of the allocation.
+    pub fn len(&self) -> usize {
+        self.bytes
+    }
 }
 
 // SAFETY: a device address is a plain number usable from any host thread; HIP's allocation
@@ -408,7 +416,7 @@ impl Runtime for HipDevice {
         let mut pointer = core::ptr::null_mut();
         // SAFETY: hipMalloc writes the new allocation's address into a valid out-pointer.
         unsafe { check("hipMalloc", (self.api.malloc)(&mut pointer, bytes.max(1)))? };
-        Ok(HipBuffer { pointer, api: self.api.clone() })
+        Ok(HipBuffer { pointer, bytes: bytes.max(1), api: self.api.clone() })
     }
 
     fn upload(&self, bytes: &[u8]) -> Result<HipBuffer, Error> {

@@ -18,6 +18,7 @@ pub(crate) enum Raw {
 pub(super) trait VendorRuntime: Runtime {
     fn wrap(buffer: Self::Buffer) -> Raw;
     fn unwrap(raw: &Raw) -> Option<&Self::Buffer>;
+    fn byte_len(buffer: &Self::Buffer) -> usize;
 }
 
 impl VendorRuntime for CudaDevice {
@@ -29,6 +30,9 @@ impl VendorRuntime for CudaDevice {
             Raw::Cuda(b) => Some(b),
             Raw::Hip(_) => None,
         }
+    }
+    fn byte_len(buffer: &CudaSlice<u8>) -> usize {
+        buffer.len()
     }
 }
 
@@ -42,6 +46,9 @@ impl VendorRuntime for HipDevice {
             Raw::Cuda(_) => None,
         }
     }
+    fn byte_len(buffer: &HipBuffer) -> usize {
+        buffer.len()
+    }
 }
 
 /// `raw` as `runtime`'s buffer, or an error for another vendor's.
@@ -52,4 +59,12 @@ pub(super) fn buffer_of<'a, R: VendorRuntime>(_runtime: &R, raw: &'a Raw) -> Res
 /// A new buffer of `runtime` holding `bytes`.
 pub(super) fn upload_to<R: VendorRuntime>(runtime: &R, bytes: &[u8]) -> Result<Raw, Error> {
     runtime.upload(bytes).map(R::wrap)
+}
+
+pub(super) fn wrap<R: VendorRuntime>(_runtime: &R, buffer: R::Buffer) -> Raw {
+    R::wrap(buffer)
+}
+
+pub(super) fn byte_len<R: VendorRuntime>(_runtime: &R, buffer: &R::Buffer) -> usize {
+    R::byte_len(buffer)
 }

@@ -42,6 +42,8 @@ mod hip;
 #[cfg(feature = "gpu")]
 mod memory;
 #[cfg(feature = "gpu")]
+mod pinned;
+#[cfg(feature = "gpu")]
 pub(crate) mod plan;
 #[cfg(feature = "gpu")]
 mod runtime;
@@ -65,8 +67,8 @@ use stub as device;
 use stub as memory;
 
 pub(crate) use call::check_modifiers;
-pub use call::{forward_device, forward_device_seqlens};
-pub use device::{Device, Graph};
+pub use call::{forward_device, forward_device_paged, forward_device_seqlens, DevicePagedKv};
+pub use device::{release_staging, Device, Graph};
 #[cfg(feature = "candle-cuda")]
 pub(crate) use tensor::check_layout;
 pub use tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};

@@ -6,6 +6,7 @@ use super::tensor_map::{TensorMap, TensorMapShape};
 use super::workspace::Workspace;
 use crate::error::Error;
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// The kernels of one compiled variant.
@@ -58,6 +59,38 @@ pub(crate) trait Runtime {
     /// Overwrites the first `bytes.len()` bytes of `buffer`, in stream order.
     fn write(&self, buffer: &mut Self::Buffer, bytes: &[u8]) -> Result<(), Error>;
     fn address(&self, buffer: &Self::Buffer) -> u64;
+    /// Overwrites the first `len` bytes of `buffer` with what `fill(range, chunk)` writes for
+    /// each range of them, queued in stream order. Runtimes with page-locked staging pass the
+    /// bytes through it chunk by chunk (the host's fill of one chunk overlapping the bus's
+    /// copy of the last); the default fills one pageable vector and writes it.
+    fn stage_in(
+        &self,
+        buffer: &mut Self::Buffer,
+        len: usize,
+        fill: &mut dyn FnMut(Range<usize>, &mut [u8]),
+    ) -> Result<(), Error> {
+        // Words, so that the bytes are aligned for any element type.
+        let mut words = vec![0u64; len.div_ceil(8)];
+        let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len];
+        fill(0..len, bytes);
+        self.write(buffer, bytes)
+    }
+    /// The first `len` bytes of `buffer` after the queued work, handed to `drain(range, chunk)`
+    /// range by range, in order (chunk by chunk as they arrive, where staging is page-locked).
+    fn stage_out(
+        &self,
+        buffer: &Self::Buffer,
+        len: usize,
+        drain: &mut dyn FnMut(Range<usize>, &[u8]),
+    ) -> Result<(), Error> {
+        let mut words = vec![0u64; len.div_ceil(8)];
+        let bytes = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len];
+        self.download(buffer, bytes)?;
+        drain(0..len, bytes);
+        Ok(())
+    }
+    /// Frees the page-locked staging memory, if any (allocated again on the next use).
+    fn release_staging(&self) {}
     fn synchronize(&self) -> Result<(), Error>;
     /// GPU milliseconds of the work `work` queues (device events).
     fn time(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<f32, Error>;
@@ -124,7 +157,14 @@ pub(crate) unsafe fn launch<R: Runtime>(runtime: &R, plan: &Plan) -> Result<(), 
         // flag is the device's.
         unsafe { runtime.launch(&kernels, Entry::PlanTiles, dims, &params, None)? };
     }
-    let encoded = (variant.target == Target::Wgmma).then(|| runtime.tensor_maps(plan.key_value_shapes(), variant.f16));
+    // Paged keys and values are no one tensor a map could describe: they come by cp.async.
+    let encoded = (variant.target == Target::Wgmma).then(|| {
+        if variant.paged {
+            None
+        } else {
+            runtime.tensor_maps(plan.key_value_shapes(), variant.f16)
+        }
+    });
     let maps = encoded.map(|maps| match maps {
         Some(maps) => (maps, 1),
         None => ([TensorMap::default(); 2], 0),

@@ -4,10 +4,11 @@
 use super::plan::Variant;
 
 /// The kernel's files: the entry point and the headers it includes.
-const FILES: [(&str, &str); 15] = [
+const FILES: [(&str, &str); 16] = [
     ("attention.hip", include_str!("kernel/attention.hip")),
     ("portability.h", include_str!("kernel/portability.h")),
     ("params.h", include_str!("kernel/params.h")),
+    ("rows.h", include_str!("kernel/rows.h")),
     ("kv_address.h", include_str!("kernel/kv_address.h")),
     ("load.h", include_str!("kernel/load.h")),
     ("mask.h", include_str!("kernel/mask.h")),

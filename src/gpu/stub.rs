@@ -2,10 +2,11 @@
 //! can be reached with a device (`Device::open` answers [`Error::GpuNotCompiled`]). The twin of
 //! `device.rs` and `staging.rs`, as candle keeps its `dummy_cuda_backend.rs`.
 
+use super::call::DevicePagedKv;
 use super::tensor::{DeviceBuffer, DeviceTensor, DeviceTensorMut};
 use crate::element::{DType, Element};
 use crate::error::Error;
-use crate::problem::Problem;
+use crate::problem::{KeysValues, Problem};
 use core::convert::Infallible;
 use ndarray::{ArrayView3, ArrayViewMut2, ArrayViewMut3};
 
@@ -109,6 +110,17 @@ impl Device {
         match self.never {}
     }
 
+    pub(super) fn run_paged<T: Element>(
+        &self,
+        _problem: &Problem,
+        _q: &DeviceTensor<T>,
+        _kv: &DevicePagedKv<T>,
+        _out: DeviceTensorMut<T>,
+        _lse: Option<&mut DeviceBuffer<f32>>,
+    ) -> Result<(), Error> {
+        match self.never {}
+    }
+
     pub(super) fn run<T: Element>(
         &self,
         _problem: &Problem,
@@ -138,6 +150,14 @@ impl Graph {
 }
 
 /// `Backend::Auto` never tries the GPU in this build.
+/// Frees what host-array calls on the GPU keep between calls: nothing without the `gpu`
+/// feature.
+///
+/// ```
+/// varlen_attn::gpu::release_staging();
+/// ```
+pub fn release_staging() {}
+
 pub(crate) fn is_usable(_dtype: DType) -> bool {
     false
 }
@@ -146,8 +166,7 @@ pub(crate) fn is_usable(_dtype: DType) -> bool {
 pub(crate) fn forward<T: Element>(
     _problem: &Problem,
     _q: ArrayView3<T>,
-    _k: ArrayView3<T>,
-    _v: ArrayView3<T>,
+    _kv: &KeysValues<T>,
     _out: ArrayViewMut3<T>,
     _lse: Option<ArrayViewMut2<f32>>,
 ) -> Result<(), Error> {

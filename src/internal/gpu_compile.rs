@@ -25,7 +25,7 @@ pub fn hipcc_check_arguments(arch: &str) -> Vec<Vec<String>> {
 }
 
 /// The variants the compile check covers for `targets`: the seed's head dims, odd ones, the
-/// extremes, D_v ≠ D, both element types.
+/// extremes, D_v ≠ D, both element types, the compiled-in options (soft-cap, ALiBi, paged).
 fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
     let mut all = Vec::new();
     for &target in targets {
@@ -63,6 +63,15 @@ fn compile_check_variants(targets: &[Target]) -> Vec<Variant> {
         }
         if target == Target::Wgmma {
             all.push(Variant { heads_inner: true, ..Variant::new(72, 72, false, target).with_three_warpgroups() });
+        }
+        // Paged keys and values (with ALiBi, and on Hopper's 64- and 192-row tiles).
+        for (d, dv, f16) in [(72, 72, false), (128, 128, true), (33, 65, false)] {
+            all.push(Variant { paged: true, ..Variant::new(d, dv, f16, target) });
+        }
+        all.push(Variant { paged: true, alibi: true, ..Variant::new(64, 64, false, target) });
+        if target == Target::Wgmma {
+            all.push(Variant { paged: true, ..Variant::new(128, 128, false, target).with_one_warpgroup() });
+            all.push(Variant { paged: true, ..Variant::new(72, 72, false, target).with_three_warpgroups() });
         }
     }
     all

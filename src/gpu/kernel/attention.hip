@@ -15,7 +15,8 @@
 //
 // This file holds the two entry points; each concern has a header of its own:
 //   params.h      compile-time constants and the parameter block (`VaParams`, `VaTile`),
-//   kv_address.h  where a tile's rows live: a head's rows, a row, the token of a key,
+//   rows.h        a head's rows as the loaders copy them: packed, or in a paged cache,
+//   kv_address.h  where a tile's rows live: a head's rows of Q, K and V, the token of a key,
 //   mask.h        which keys a query row sees (sequence end, causal diagonal, windows),
 //   score.h       raw scores to base-2 logits (the scale, the soft-cap),
 //   scheduling.h  the units of work: which sequence, query tile and key tiles each is,
@@ -61,7 +62,8 @@ extern "C" __global__ void __launch_bounds_va(VA_BLOCK_THREADS, VA_MIN_BLOCKS)
 
 #if VA_WGMMA
     // Hopper: the block's warpgroups walk its units themselves (`va_for_each_tile`).
-    va_attention_wgmma(p, smem, &k_map, &v_map, tma != 0);
+    // (Paged keys and values have no tensor maps.)
+    va_attention_wgmma(p, smem, &k_map, &v_map, tma != 0 && !VA_PAGED);
 #else
     // With cu_seqlens on the device the grid is an upper bound: blocks past the last tile (all
     // of them when the cu_seqlens were refused) have nothing to do.

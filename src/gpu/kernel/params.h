@@ -9,7 +9,7 @@
 // VA_MIN_BLOCKS (blocks per multiprocessor the register budget must allow), VA_STAGES (Hopper:
 // shared-memory stages of K and V, 2 or 3), VA_Q_BUFFERS (Hopper: Q's buffers, 1 or 2),
 // VA_SOFTCAP (0: the soft-cap code is left out; the host sets 1 for calls that have one),
-// VA_ALIBI (likewise for ALiBi's bias).
+// VA_ALIBI (likewise for ALiBi's bias), VA_PAGED (1: keys and values in a paged cache).
 
 #pragma once
 
@@ -51,6 +51,9 @@
 #endif
 #ifndef VA_HEADS_INNER
 #define VA_HEADS_INNER 0
+#endif
+#ifndef VA_PAGED
+#define VA_PAGED 0
 #endif
 // VA_THREADS compute; on Hopper one more warpgroup copies (warp specialization), and the
 // registers move from it to the computing ones: 128 · 56 + 256 · 224 fit the 64K of an SM, and
@@ -98,10 +101,16 @@ struct VaParams {
     // Calls whose cu_seqlens are on the device: the flag `va_plan_tiles` raises (and never
     // lowers) for cu_seqlens that break a rule; null for calls planned on the host.
     int* status;
+    // Paged K/V (VA_PAGED): [batch][block_table_stride] block indices, checked on the host;
+    // `k` and `v` then point at caches [blocks][block_size][kv heads][dims], blocks
+    // `k_block_stride` and `v_block_stride` elements apart.
+    const int* block_table;
     va_i64 q_token_stride, q_head_stride;
     va_i64 k_token_stride, k_head_stride;
     va_i64 v_token_stride, v_head_stride;
     va_i64 out_token_stride, out_head_stride;
+    va_i64 k_block_stride, v_block_stride, block_table_stride;
+    int block_size;
     int batch, heads, group, total_q, total_k;
     int head_dim, head_dim_v;
     int window_left, window_right; // -1: unbounded
@@ -156,11 +165,13 @@ VA_DEVICE int* va_tile_sequence_table(const VaParams& p) { return p.tile_start +
 #define VA_LN2 0.6931471805599453f
 #define VA_NEG_INF (-__int_as_float(0x7f800000))
 
+#include "rows.h"
+
 // One block's work: a query tile of one (sequence, head) and the key tiles of its split.
 struct VaTile {
-    const va_u16* q;  // the sequence's first query row of this head
-    const va_u16* k;  // the sequence's first key row of this head's KV head
-    const va_u16* v;
+    VaHeadRows q;         // the sequence's query rows of this head
+    VaKeyRows k;      // its keys and values of this head's KV head
+    VaKeyRows v;
     int q_start;      // the sequence's first token
     int lq, lk;       // its query and key lengths
     int m0;           // the tile's first row within the sequence

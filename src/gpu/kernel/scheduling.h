@@ -149,8 +149,8 @@ VA_DEVICE VaTile va_schedule_tile(const VaParams& p, int b, const VaWork& work) 
     tile.k_start = k_start;
     tile.kv_head = kv_head;
     tile.q = va_query_rows(p, tile.q_start, head);
-    tile.k = va_key_rows(p, k_start, kv_head);
-    tile.v = va_value_rows(p, k_start, kv_head);
+    tile.k = va_key_value_rows(p, b, k_start, kv_head, false);
+    tile.v = va_key_value_rows(p, b, k_start, kv_head, true);
     tile.alibi = va_alibi_coefficient(p, b, head);
 
     return tile;

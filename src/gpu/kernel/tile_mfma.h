@@ -37,7 +37,7 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
     const int col = lane % 16, quad = lane / 16;
     va_u16* pw = p_smem + wave * 16 * VA_BLOCK_N;
 
-    va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_M>(q_smem, VA_Q_STRIDE, tile.q, p.q_token_stride, m0, lq, p.head_dim);
+    va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_M>(q_smem, VA_Q_STRIDE, tile.q, m0, lq, p.head_dim);
     va_float4 o[NO];
     for (int n = 0; n < NO; ++n) o[n] = va_float4{0.0f, 0.0f, 0.0f, 0.0f};
     float row_max[4], row_sum[4];
@@ -45,8 +45,8 @@ VA_DEVICE void va_attention_tile_mfma(const VaParams& p, const VaTile& tile, va_
 
     for (int j = tile.j_begin; j < tile.j_end; ++j) {
         va_syncthreads();
-        va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_N>(k_smem, VA_Q_STRIDE, tile.k, p.k_token_stride, j * VA_BLOCK_N, lk, p.head_dim);
-        va_load_tile<VA_HEAD_DIM_V_PAD, VA_BLOCK_N>(v_smem, VA_V_STRIDE, tile.v, p.v_token_stride, j * VA_BLOCK_N, lk, p.head_dim_v);
+        va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_N>(k_smem, VA_Q_STRIDE, tile.k, j * VA_BLOCK_N, lk, p.head_dim);
+        va_load_tile<VA_HEAD_DIM_V_PAD, VA_BLOCK_N>(v_smem, VA_V_STRIDE, tile.v, j * VA_BLOCK_N, lk, p.head_dim_v);
         va_syncthreads();
 
         va_float4 s[NS];

@@ -16,12 +16,12 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
     constexpr int NS = VA_BLOCK_N / 8;        // 8-key chunks of a score row
     constexpr int NO = VA_HEAD_DIM_V_PAD / 8; // 8-column chunks of an output row
 
-    va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_M>(q_smem, VA_Q_STRIDE, tile.q, p.q_token_stride, tile.m0, tile.lq, p.head_dim);
+    va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_M>(q_smem, VA_Q_STRIDE, tile.q, tile.m0, tile.lq, p.head_dim);
     va_copy_commit();
     if (tile.j_begin < tile.j_end) {
-        va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_N>(k_smem, VA_Q_STRIDE, tile.k, p.k_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk,
+        va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_N>(k_smem, VA_Q_STRIDE, tile.k, tile.j_begin * VA_BLOCK_N, tile.lk,
                                                   p.head_dim);
-        va_load_tile<VA_HEAD_DIM_V_PAD, VA_BLOCK_N>(v_smem, VA_V_STRIDE, tile.v, p.v_token_stride, tile.j_begin * VA_BLOCK_N, tile.lk,
+        va_load_tile<VA_HEAD_DIM_V_PAD, VA_BLOCK_N>(v_smem, VA_V_STRIDE, tile.v, tile.j_begin * VA_BLOCK_N, tile.lk,
                                                     p.head_dim_v);
     }
     va_copy_commit();
@@ -57,9 +57,9 @@ VA_DEVICE void va_attention_tile_mma(const VaParams& p, const VaTile& tile, va_u
         const int buf = (j - tile.j_begin) & 1;
         if (j + 1 < tile.j_end) {
             const int nb = buf ^ 1;
-            va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_N>(k_smem + nb * VA_BLOCK_N * VA_Q_STRIDE, VA_Q_STRIDE, tile.k, p.k_token_stride,
+            va_load_tile<VA_HEAD_DIM_PAD, VA_BLOCK_N>(k_smem + nb * VA_BLOCK_N * VA_Q_STRIDE, VA_Q_STRIDE, tile.k,
                                                       (j + 1) * VA_BLOCK_N, tile.lk, p.head_dim);
-            va_load_tile<VA_HEAD_DIM_V_PAD, VA_BLOCK_N>(v_smem + nb * VA_BLOCK_N * VA_V_STRIDE, VA_V_STRIDE, tile.v, p.v_token_stride,
+            va_load_tile<VA_HEAD_DIM_V_PAD, VA_BLOCK_N>(v_smem + nb * VA_BLOCK_N * VA_V_STRIDE, VA_V_STRIDE, tile.v,
                                                         (j + 1) * VA_BLOCK_N, tile.lk, p.head_dim_v);
             va_copy_commit();
             va_copy_wait<1>();

@@ -53,25 +53,25 @@ template <int COUNT, int THREADS, int UNROLL, typename F> VA_DEVICE void va_for_
     }
 }
 
-// Rows [row0, row0 + T::ROWS) of one head's [tokens, dims] slice into the slabs of a VaCoreTile T,
-// copied by THREADS threads (`thread` is this one's index among them); rows past `valid_rows`
-// and columns past `dims` are zero-filled. Eight consecutive threads copy one row's 128
-// contiguous bytes into one 128-byte atom row (full sectors from L2, distinct banks), and each
-// thread keeps its 16-byte column and every (THREADS / 8)-th row: that row's swizzle (row % 8)
-// stays the same, so its copies are a fixed stride apart in both memories, unrolled with
-// immediate offsets.
-template <typename T, int THREADS>
-VA_DEVICE void va_load_slabs(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
+// Rows [row0, row0 + T::ROWS) of one head's rows (`VaHeadRows` or `VaPagedRows`) into the slabs of a
+// VaCoreTile T, copied by THREADS threads (`thread` is this one's index among them); rows past
+// `valid_rows` and columns past `dims` are zero-filled, and not addressed. Eight consecutive
+// threads copy one row's 128 contiguous bytes into one 128-byte atom row (full sectors from
+// L2, distinct banks), and each thread keeps its 16-byte column and every (THREADS / 8)-th
+// row: that row's swizzle (row % 8) stays the same, so its copies are a fixed stride apart in
+// shared memory (and in global memory for packed rows), unrolled with immediate offsets.
+template <typename T, int THREADS, typename R>
+VA_DEVICE void va_load_slabs(va_u16* smem, int thread, const R& rows, int row0, int valid_rows, int dims) {
     constexpr int ROWS = T::ROWS;
     constexpr int STEP = THREADS / 8; // rows between one thread's slab copies
     static_assert(STEP % 8 == 0 && ROWS % STEP == 0, "each thread's slab rows share a swizzle and tile the rows");
     const int chunk = thread % 8, first = thread / 8;
     const int rows_left = valid_rows - row0 - first;
-    const va_u16* src = VA_ROW(base, token_stride, row0 + first) + chunk * 8;
     va_u16* dst = smem + first * 64 + (chunk ^ (first % 8)) * 8;
-    // (The slab loop stays rolled: the copying warps have 32 to 56 registers, and whole K and
-    // V tiles come by TMA, so this path serves Q and the tiles at sequences' ends. A thread's
-    // rows lie STEP token strides apart from `src`, contiguous tokens as `VA_ROW` has them.)
+    // (The slab loop stays rolled: the copying warps have 32 to 56 registers, and whole packed
+    // K and V tiles come by TMA, so this path serves Q, the tiles at sequences' ends and paged
+    // keys. A thread's packed rows lie STEP token strides apart.)
+    const va_u16* src = R::PAGED ? rows.base : rows.row(row0 + first) + chunk * 8;
 #pragma unroll 1
     for (int slab = 0; slab < T::SLABS; ++slab) {
         int elems = dims - slab * 64 - chunk * 8;
@@ -79,18 +79,23 @@ VA_DEVICE void va_load_slabs(va_u16* smem, int thread, const va_u16* base, va_i6
 #pragma unroll
         for (int k = 0; k < ROWS / STEP; ++k) {
             const bool real = k * STEP < rows_left && elems > 0;
-            va_copy16(dst + slab * T::SLAB + k * STEP * 64, real ? src + slab * 64 + k * STEP * token_stride : base, real ? elems * 2 : 0);
+            const va_u16* from = rows.base;
+            if (real) {
+                if constexpr (R::PAGED) from = rows.row(row0 + first + k * STEP) + slab * 64 + chunk * 8;
+                else from = src + slab * 64 + k * STEP * rows.token_stride;
+            }
+            va_copy16(dst + slab * T::SLAB + k * STEP * 64, from, real ? elems * 2 : 0);
         }
     }
 }
 
 // The same rows into the tail of a VaCoreTile: eight consecutive threads fill one core matrix.
-template <typename T, int THREADS>
-VA_DEVICE void va_load_tail(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows, int dims) {
+template <typename T, int THREADS, typename R>
+VA_DEVICE void va_load_tail(va_u16* smem, int thread, const R& rows, int row0, int valid_rows, int dims) {
     const auto copy = [&](va_u16* to, int row, int col) {
         int elems = dims - col;
         elems = row0 + row < valid_rows ? (elems < 0 ? 0 : (elems > 8 ? 8 : elems)) : 0;
-        va_copy16(to, elems > 0 ? VA_ROW(base, token_stride, row0 + row) + col : base, elems * 2);
+        va_copy16(to, elems > 0 ? rows.row(row0 + row) + col : rows.base, elems * 2);
     };
     if constexpr (T::TAIL_CHUNKS > 0) {
         va_for_each_copy<T::ROWS * T::TAIL_CHUNKS, THREADS, 2>(thread, [&](int i) {
@@ -101,11 +106,10 @@ VA_DEVICE void va_load_tail(va_u16* smem, int thread, const va_u16* base, va_i64
 }
 
 // A whole VaCoreTile: the slabs and the tail.
-template <typename T, int THREADS>
-VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const va_u16* base, va_i64 token_stride, int row0, int valid_rows,
-                                 int dims) {
-    va_load_slabs<T, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
-    va_load_tail<T, THREADS>(smem, thread, base, token_stride, row0, valid_rows, dims);
+template <typename T, int THREADS, typename R>
+VA_DEVICE void va_load_core_tile(va_u16* smem, int thread, const R& rows, int row0, int valid_rows, int dims) {
+    va_load_slabs<T, THREADS>(smem, thread, rows, row0, valid_rows, dims);
+    va_load_tail<T, THREADS>(smem, thread, rows, row0, valid_rows, dims);
 }
 
 // The descriptor of k-step kk (16 columns) of the rows from `first_row` (a multiple of 8) of a
@@ -186,7 +190,7 @@ VA_DEVICE int va_key_tile_start(const VaTile& tile, int j, bool tma) {
 // copying warpgroup.
 template <typename T>
 VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, va_u64* full, va_u64* empty, const VaTensorMap* map,
-                             const va_u16* base, va_i64 token_stride, int dims, int i, int n, int thread, bool tma) {
+                             const VaKeyRows& rows, int dims, int i, int n, int thread, bool tma) {
     const int stage = va_stage(n), key0 = va_key_tile_start(tile, tile.j_begin + i, tma);
     va_u16* dst = stages + stage * T::ELEMS;
     va_mbarrier_wait(&empty[stage], va_phase(n) ^ 1);
@@ -196,9 +200,9 @@ VA_DEVICE void va_load_stage(const VaTile& tile, va_u16* stages, va_u64* full, v
             for (int slab = 0; slab < T::SLABS; ++slab)
                 va_tma_load_3d(dst + slab * T::SLAB, map, slab * 64, tile.kv_head, va_key_token(tile, key0), &full[stage]);
         }
-        va_load_tail<T, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
+        va_load_tail<T, VA_PRODUCER_THREADS>(dst, thread, rows, key0, tile.lk, dims);
     } else {
-        va_load_core_tile<T, VA_PRODUCER_THREADS>(dst, thread, base, token_stride, key0, tile.lk, dims);
+        va_load_core_tile<T, VA_PRODUCER_THREADS>(dst, thread, rows, key0, tile.lk, dims);
         if (thread == 0) va_mbarrier_arrive(&full[stage]);
     }
     va_copy_arrive(&full[stage]);
@@ -219,15 +223,15 @@ VA_DEVICE void va_produce_tiles(const VaParams& p, const VaWgmmaSmem& sm, const 
         if (tiles == 0) return;
         const int q = va_q_buffer(round);
         va_mbarrier_wait(&sm.q_empty[q], va_q_phase(round) ^ 1);
-        va_load_core_tile<VaQTile, VA_PRODUCER_THREADS>(sm.q + q * VaQTile::ELEMS, thread, tile.q, p.q_token_stride, tile.m0,
+        va_load_core_tile<VaQTile, VA_PRODUCER_THREADS>(sm.q + q * VaQTile::ELEMS, thread, tile.q, tile.m0,
                                                         tile.lq, p.head_dim);
         va_copy_arrive(&sm.q_full[q]);
         const auto load_keys = [&](int i) {
-            va_load_stage<VaKTile>(tile, sm.k, sm.k_full, sm.k_empty, k_map, tile.k, p.k_token_stride, p.head_dim, i, first + i,
+            va_load_stage<VaKTile>(tile, sm.k, sm.k_full, sm.k_empty, k_map, tile.k, p.head_dim, i, first + i,
                                    thread, tma);
         };
         const auto load_values = [&](int i) {
-            va_load_stage<VaVTile>(tile, sm.v, sm.v_full, sm.v_empty, v_map, tile.v, p.v_token_stride, p.head_dim_v, i, first + i,
+            va_load_stage<VaVTile>(tile, sm.v, sm.v_full, sm.v_empty, v_map, tile.v, p.head_dim_v, i, first + i,
                                    thread, tma);
         };
         if (VA_KEYS_AHEAD) load_keys(0);

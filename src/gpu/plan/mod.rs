@@ -39,6 +39,16 @@ pub(crate) struct Operands {
     pub lse: u64,
 }
 
+/// How the keys and values of a paged cache are addressed: `Operands::k` and `v` point at the
+/// caches `[blocks, block_size, kv heads, dims]` (their `token_stride` within a block,
+/// `head_stride`), blocks `k_block_stride` and `v_block_stride` elements apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Paging {
+    pub block_size: usize,
+    pub k_block_stride: usize,
+    pub v_block_stride: usize,
+}
+
 /// The GPU a plan is made for.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Gpu {
@@ -50,8 +60,9 @@ pub(crate) struct Gpu {
 #[derive(Clone, Debug)]
 enum Schedule {
     /// Planned on the host: `cu_seqlens_q`, `cu_seqlens_k` and `tile_start` (`tile_start[b]`:
-    /// the first query tile of sequence `b`), `batch + 1` entries each, one after another;
-    /// inline in the parameter block when they fit, else copied to the device.
+    /// the first query tile of sequence `b`), `batch + 1` entries each, one after another
+    /// (then a paged call's block table, `batch` rows); inline in the parameter block when
+    /// they fit and no block table follows, else copied to the device.
     Host(Vec<i32>),
     /// `cu_seqlens_q` and `cu_seqlens_k` on the device (their addresses): `va_plan_tiles`
     /// checks them and writes `tile_start` and each query tile's sequence into the workspace;
@@ -82,6 +93,9 @@ pub(crate) struct Plan {
     /// decides per launch), or `None` for a block per unit.
     persistent_slots: Option<usize>,
     operands: Operands,
+    /// A paged call's cache addressing and block table columns (its rows follow the
+    /// metadata, see `Schedule::Host`).
+    paging: Option<(Paging, usize)>,
     /// The problem's scalars, as the kernel reads them (`total_k` and `kv_heads`: K's and V's
     /// rows and heads, also what their tensor maps describe on Hopper).
     kv_heads: usize,
@@ -161,6 +175,7 @@ impl Plan {
             tiles_per_sequence: tiles::tiles_per_sequence(problem, variant.block_m()),
             persistent_slots,
             operands,
+            paging: None,
             kv_heads: problem.num_kv_heads,
             batch: problem.batch(),
             heads: problem.num_heads,
@@ -177,6 +192,18 @@ impl Plan {
             alibi_count,
             sinks_count,
         }
+    }
+
+    /// Turns a host-planned call of a paged problem (`Variant::paged`) into one that reads its
+    /// keys and values through `block_table` (`batch` rows of `columns` entries, checked by
+    /// `Problem::new_paged`), copied to the device after the metadata.
+    pub fn with_block_table(mut self, paging: Paging, block_table: &[i32], columns: usize) -> Plan {
+        debug_assert!(self.variant.paged && block_table.len() == self.batch * columns);
+        if let Schedule::Host(metadata) = &mut self.schedule {
+            metadata.extend_from_slice(block_table);
+        }
+        self.paging = Some((paging, columns));
+        self
     }
 
     /// Plans a call whose `cu_seqlens` (`batch + 1` entries each, at `cu_seqlens`) are on the
@@ -217,14 +244,15 @@ impl Plan {
     #[cfg(test)]
     fn tile_start(&self) -> &[i32] {
         match &self.schedule {
-            Schedule::Host(metadata) => &metadata[2 * (self.batch + 1)..],
+            Schedule::Host(metadata) => &metadata[2 * (self.batch + 1)..3 * (self.batch + 1)],
             Schedule::Device { .. } => &[],
         }
     }
 
-    /// Whether the metadata travels in the parameter block (batches of up to 64 sequences).
+    /// Whether the metadata travels in the parameter block (batches of up to 64 sequences,
+    /// without a block table).
     fn metadata_inline(&self) -> bool {
-        matches!(&self.schedule, Schedule::Host(metadata) if metadata.len() <= INLINE_METADATA)
+        matches!(&self.schedule, Schedule::Host(metadata) if metadata.len() <= INLINE_METADATA && self.paging.is_none())
     }
 
     /// The metadata to copy to the device before the launch (`cu_seqlens_q`, `cu_seqlens_k`,
@@ -232,7 +260,7 @@ impl Plan {
     /// is on the device already.
     pub fn metadata_to_copy(&self) -> Option<&[i32]> {
         match &self.schedule {
-            Schedule::Host(metadata) if metadata.len() > INLINE_METADATA => Some(metadata),
+            Schedule::Host(metadata) if !self.metadata_inline() => Some(metadata),
             _ => None,
         }
     }
@@ -281,6 +309,11 @@ impl Plan {
     ) -> KernelParams {
         let o = &self.operands;
         let entries = self.batch as u64 + 1;
+        let block_table = match (self.paging, metadata) {
+            (Some(_), Some(base)) => base + 12 * entries,
+            _ => 0,
+        };
+        let (paging, block_table_stride) = self.paging.unwrap_or_default();
         let ((partial_out, partial_lse), (cu_seqlens_q, cu_seqlens_k, tile_start), status) = match self.schedule {
             Schedule::Device { cu_seqlens_q, cu_seqlens_k } => {
                 let tile_start = workspace.expect("the workspace holds tile_start");
@@ -311,6 +344,7 @@ impl Plan {
             cu_seqlens_k,
             tile_start,
             status,
+            block_table,
             q_token_stride: o.q.token_stride as i64,
             q_head_stride: o.q.head_stride as i64,
             k_token_stride: o.k.token_stride as i64,
@@ -319,6 +353,10 @@ impl Plan {
             v_head_stride: o.v.head_stride as i64,
             out_token_stride: o.out.token_stride as i64,
             out_head_stride: o.out.head_stride as i64,
+            k_block_stride: paging.k_block_stride as i64,
+            v_block_stride: paging.v_block_stride as i64,
+            block_table_stride: block_table_stride as i64,
+            block_size: paging.block_size as i32,
             batch: self.batch as i32,
             heads: self.heads as i32,
             group: self.group as i32,

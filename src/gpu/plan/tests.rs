@@ -6,11 +6,11 @@ use crate::params::{default_params, Params};
 
 #[test]
 fn params_match_the_kernel_struct_layout() {
-    // 12 pointers, 8 strides, 19 four-byte fields, the 195-entry metadata and the 256-entry
-    // modifiers (no padding: 2040 bytes are a multiple of the 8-byte alignment), as C++ lays
-    // out VaParams; the kernel checks its own size against this one (`VA_PARAMS_BYTES`).
-    let bytes = 96 + 64 + 4 * (19 + INLINE_METADATA + MODIFIERS);
-    assert_eq!((core::mem::size_of::<KernelParams>(), bytes), (bytes, 2040));
+    // 13 pointers, 11 strides, 20 four-byte fields, the 195-entry metadata and the 256-entry
+    // modifiers (2076 bytes), padded to the 8-byte alignment, as C++ lays out VaParams; the
+    // kernel checks its own size against this one (`VA_PARAMS_BYTES`).
+    let bytes = (104 + 88 + 4 * (20 + INLINE_METADATA + MODIFIERS)).next_multiple_of(8);
+    assert_eq!((core::mem::size_of::<KernelParams>(), bytes), (bytes, 2080));
     let variant = Variant::new(72, 72, false, Target::Wgmma);
     assert!(variant.defines().contains(&format!("-DVA_PARAMS_BYTES={bytes}")));
     assert_eq!(core::mem::align_of::<KernelParams>(), 8);
@@ -87,6 +87,7 @@ fn tiles_count_each_sequence_and_skip_empty_ones() {
             alibi: false,
             // Three sequences whose keys all fit the L2 many times over.
             heads_inner: true,
+            paged: false,
             f16: false,
             target: Target::Mma
         }
@@ -565,4 +566,27 @@ fn many_waves_of_units_launch_a_block_per_unit() {
     assert_eq!(few.grid(), (132, 1, 1));
     assert!(many.units() > 132 * 256);
     assert_eq!(many.grid(), (many.units() as u32, 1, 1));
+}
+
+#[test]
+fn paged_calls_copy_their_block_table_after_the_metadata() {
+    // Two sequences of 5 and 3 keys in blocks of 2; the table has 3 columns.
+    let table = ndarray::Array2::from_shape_vec((2, 3), vec![2, 3, 4, 0, 1, 0]).unwrap();
+    let (cu_q, cu_k) = ([0, 2, 4], [0, 5, 8]);
+    let problem =
+        Problem::new_paged([4, 1, 64], [5, 2, 1, 64], [5, 2, 1, 64], table.view(), &cu_q, &cu_k, default_params())
+            .unwrap();
+    let paging = Paging { block_size: 2, k_block_stride: 128, v_block_stride: 256 };
+    let plan = plan_on(Target::Wgmma, &problem).with_block_table(paging, table.as_slice().unwrap(), 3);
+    assert!(plan.variant.paged);
+    assert!(plan.variant.defines().contains(&"-DVA_PAGED=1".to_string()));
+    // Not inline, even for two sequences: cu_seqlens_q, cu_seqlens_k, tile_start, then the table.
+    let copied = plan.metadata_to_copy().expect("copied").to_vec();
+    assert_eq!(copied, [0, 2, 4, 0, 5, 8, 0, 1, 2, 2, 3, 4, 0, 1, 0]);
+    let params = plan.params(Some(1 << 20), None, None, None);
+    assert_eq!(params.inline_metadata, 0);
+    assert_eq!(params.block_table, (1 << 20) + 4 * 9);
+    assert_eq!((params.block_size, params.block_table_stride), (2, 3));
+    assert_eq!((params.k_block_stride, params.v_block_stride), (128, 256));
+    assert_eq!(params.total_k, 8);
 }

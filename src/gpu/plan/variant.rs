@@ -63,6 +63,9 @@ pub(crate) struct Variant {
     /// Whether the units of work walk each query tile's heads one after another, instead of
     /// each head's tiles (`tiles::heads_inner`).
     pub heads_inner: bool,
+    /// Whether keys and values come from a paged cache through the block table (`VA_PAGED`;
+    /// copied by cp.async, without tensor maps).
+    pub paged: bool,
     pub f16: bool,
     pub target: Target,
 }
@@ -100,6 +103,7 @@ impl Variant {
                     softcap: false,
                     alibi: false,
                     heads_inner: false,
+                    paged: false,
                     f16,
                     target,
                 }
@@ -130,6 +134,7 @@ impl Variant {
                     softcap: false,
                     alibi: false,
                     heads_inner: false,
+                    paged: false,
                     f16,
                     target,
                 }
@@ -179,6 +184,7 @@ impl Variant {
         Variant {
             softcap: problem.softcap.is_some(),
             alibi: problem.modifiers().0.is_some(),
+            paged: problem.block_size.is_some(),
             ..Self::new(problem.head_dim, problem.head_dim_v, f16, target)
         }
     }
@@ -207,6 +213,9 @@ impl Variant {
         }
         if self.heads_inner {
             d.push("-DVA_HEADS_INNER=1".into());
+        }
+        if self.paged {
+            d.push("-DVA_PAGED=1".into());
         }
         d
     }
