@@ -343,16 +343,27 @@ fn dots<S: Simd>(simd: S, q: &[f32], d: usize, key: &[f32]) -> [f32; 4] {
 fn dots_n<S: Simd, const N: usize>(simd: S, q: &[f32], d: usize, key: &[f32]) -> [f32; 4] {
     let (k_head, k_tail) = S::as_simd_f32s(key);
     let rows: [(&[S::f32s], &[f32]); N] = core::array::from_fn(|r| S::as_simd_f32s(&q[r * d..(r + 1) * d]));
-    let mut acc = [[simd.splat_f32s(0.0); 2]; N];
-    for (i, &k) in k_head.iter().enumerate() {
+    // Two named chains per row, stepping two vectors at a time: an index `i % 2` into the
+    // chains would keep them in memory instead of registers.
+    let (mut even, mut odd) = ([simd.splat_f32s(0.0); N], [simd.splat_f32s(0.0); N]);
+    let pairs = k_head.len() / 2;
+    for i in 0..pairs {
+        let (k0, k1) = (k_head[2 * i], k_head[2 * i + 1]);
         for r in 0..N {
-            acc[r][i % 2] = simd.mul_add_f32s(rows[r].0[i], k, acc[r][i % 2]);
+            even[r] = simd.mul_add_f32s(rows[r].0[2 * i], k0, even[r]);
+            odd[r] = simd.mul_add_f32s(rows[r].0[2 * i + 1], k1, odd[r]);
+        }
+    }
+    if k_head.len() % 2 == 1 {
+        let last = k_head.len() - 1;
+        for r in 0..N {
+            even[r] = simd.mul_add_f32s(rows[r].0[last], k_head[last], even[r]);
         }
     }
     let mut out = [0f32; 4];
     for r in 0..N {
         let tail: f32 = rows[r].1.iter().zip(k_tail).map(|(x, y)| x * y).sum();
-        out[r] = simd.reduce_sum_f32s(simd.add_f32s(acc[r][0], acc[r][1])) + tail;
+        out[r] = simd.reduce_sum_f32s(simd.add_f32s(even[r], odd[r])) + tail;
     }
     out
 }
