@@ -46,9 +46,7 @@ pub(super) fn run(
     match q.dtype() {
         DType::BF16 => typed::<half::bf16>(device, q, k, v, seqlens_q, seqlens_k, params, with_lse),
         DType::F16 => typed::<half::f16>(device, q, k, v, seqlens_q, seqlens_k, params, with_lse),
-        other => candle_core::bail!(
-            "varlen-attn: CUDA tensors must be bf16 or f16 (the tensor cores' operands), got {other:?}; f32 runs on CPU tensors"
-        ),
+        other => Err(unsupported_dtype(other)),
     }
 }
 
@@ -128,6 +126,13 @@ fn typed<T: crate::Element + CudaDType + DeviceRepr>(
     Ok((out, lse))
 }
 
+/// The error for CUDA tensors of a dtype the tensor cores do not take.
+fn unsupported_dtype(dtype: DType) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "varlen-attn: CUDA tensors must be bf16 or f16 (the tensor cores' operands), got {dtype:?}; f32 runs on CPU tensors"
+    ))
+}
+
 /// The paged call on CUDA tensors: `k_cache` and `v_cache` read in place; the block table and
 /// cu_seqlens come from the host (checked there by `Problem::new_paged`).
 pub(super) fn run_paged(
@@ -144,9 +149,7 @@ pub(super) fn run_paged(
     match q.dtype() {
         DType::BF16 => paged_typed::<half::bf16>(device, q, k_cache, v_cache, table, cu_q, cu_k, params),
         DType::F16 => paged_typed::<half::f16>(device, q, k_cache, v_cache, table, cu_q, cu_k, params),
-        other => candle_core::bail!(
-            "varlen-attn: CUDA tensors must be bf16 or f16 (the tensor cores' operands), got {other:?}; f32 runs on CPU tensors"
-        ),
+        other => Err(unsupported_dtype(other)),
     }
 }
 

@@ -210,6 +210,15 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
+    /// The page-locked staging ring, locked, allocated on first use.
+    fn pinned_ring(&self) -> Result<std::sync::MutexGuard<'_, Option<PinnedRing>>, Error> {
+        let mut ring = self.pinned.lock().map_err(|_| Error::Gpu("the staging lock was poisoned by a panic".into()))?;
+        if ring.is_none() {
+            *ring = Some(PinnedRing::new(&self.stream)?);
+        }
+        Ok(ring)
+    }
+
     /// Captures the work `work` queues on the stream into an instantiated graph.
     pub fn capture(&self, work: &mut dyn FnMut() -> Result<(), Error>) -> Result<cudarc::driver::CudaGraph, Error> {
         use cudarc::driver::sys;
@@ -273,14 +282,11 @@ impl Runtime for CudaDevice {
         fill: &mut dyn FnMut(Range<usize>, &mut [u8]),
     ) -> Result<(), Error> {
         assert!(len <= buffer.len(), "staging past the buffer");
-        let mut ring = self.pinned.lock().map_err(|_| Error::Gpu("the staging lock was poisoned by a panic".into()))?;
-        if ring.is_none() {
-            *ring = Some(PinnedRing::new(&self.stream)?);
-        }
+        let mut ring = self.pinned_ring()?;
         let dst = self.address(buffer);
         // SAFETY: `buffer` holds at least `len` bytes (asserted) and is borrowed mutably for the
         // call; it is freed stream-ordered, after the copies.
-        unsafe { ring.as_mut().expect("set above").copy_in(&self.stream, dst, len, fill) }
+        unsafe { ring.as_mut().expect("allocated by pinned_ring").copy_in(&self.stream, dst, len, fill) }
     }
 
     fn stage_out(
@@ -290,14 +296,11 @@ impl Runtime for CudaDevice {
         drain: &mut dyn FnMut(Range<usize>, &[u8]),
     ) -> Result<(), Error> {
         assert!(len <= buffer.len(), "staging past the buffer");
-        let mut ring = self.pinned.lock().map_err(|_| Error::Gpu("the staging lock was poisoned by a panic".into()))?;
-        if ring.is_none() {
-            *ring = Some(PinnedRing::new(&self.stream)?);
-        }
+        let mut ring = self.pinned_ring()?;
         let src = self.address(buffer);
         // SAFETY: `buffer` holds at least `len` bytes (asserted) and outlives this call, which
         // waits for every copy.
-        unsafe { ring.as_mut().expect("set above").copy_out(&self.stream, src, len, drain) }
+        unsafe { ring.as_mut().expect("allocated by pinned_ring").copy_out(&self.stream, src, len, drain) }
     }
 
     fn release_staging(&self) {
